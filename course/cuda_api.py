@@ -1,0 +1,303 @@
+"""The `torch.cuda` surface learners call (device count, streams, events, memory), answered by the emulator.
+
+`course.emulate` puts these in place of the real functions only while it is active. Anything in
+`torch.cuda` not listed here reaches `_lazy_init`, which then names the unsupported call instead of
+saying "Torch not compiled with CUDA enabled".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from course.devices import current_emulator
+from course.memory import DeviceMemory
+
+
+def _emu():
+    return current_emulator("torch.cuda")
+
+
+def _index(device=None) -> int:
+    from course.interception import parse_device
+
+    emu = _emu()
+    if device is None or (isinstance(device, int) and device < 0):
+        return emu.current_device()
+    return parse_device(device if not isinstance(device, Stream) else device.device, emu)
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.cuda.get_device_properties` returns, filled from the GPU preset."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+class Stream:
+    """A queue of work on one GPU; work on different streams may overlap."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        emu = _emu()
+        self.device_index = _index(device)
+        self.stream_id = emu.new_stream_id(self.device_index)
+
+    @classmethod
+    def _existing(cls, device_index: int, stream_id: int) -> "Stream":
+        stream = cls.__new__(cls)
+        stream.device_index, stream.stream_id = device_index, stream_id
+        return stream
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.device_index)
+
+    @property
+    def _ready_ns(self) -> int:
+        return _emu().clock.stream_ready(self.device_index, self.stream_id)
+
+    def _hold_until(self, time_ns: int) -> None:
+        clock = _emu().clock
+        with clock.lock:
+            key = (self.device_index, self.stream_id)
+            clock.stream_ready_ns[key] = max(clock.stream_ready(*key), time_ns)
+
+    def wait_event(self, event: "Event") -> None:
+        if event.time_ns is not None:
+            self._hold_until(event.time_ns)
+
+    def wait_stream(self, stream: "Stream") -> None:
+        self._hold_until(stream._ready_ns)
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return _emu().clock.host_ns >= self._ready_ns
+
+    def synchronize(self) -> None:
+        _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
+
+    def __enter__(self):
+        self._context = stream(self)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        self._context.__exit__(*exc)
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and (self.device_index, self.stream_id) == (
+            other.device_index, other.stream_id)
+
+    def __hash__(self):
+        return hash((self.device_index, self.stream_id))
+
+    def __repr__(self):
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} stream={self.stream_id}>"
+
+
+class stream:  # noqa: N801 - named as torch.cuda.stream
+    """`with torch.cuda.stream(s):` makes s the current stream of its device."""
+
+    def __init__(self, s: Stream | None):
+        self.stream = s
+
+    def __enter__(self):
+        if self.stream is not None:
+            emu = _emu()
+            self._previous = emu.current_stream_id(self.stream.device_index)
+            emu.set_current_stream(self.stream.device_index, self.stream.stream_id)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            _emu().set_current_stream(self.stream.device_index, self._previous)
+
+
+class device:  # noqa: N801 - named as torch.cuda.device
+    """`with torch.cuda.device(1):` makes cuda:1 the current device for `'cuda'` and `.cuda()`."""
+
+    def __init__(self, device):
+        self.index = None if device is None or device == -1 else _index(device)
+
+    def __enter__(self):
+        emu = _emu()
+        self._previous = emu.current_device()
+        if self.index is not None:
+            emu.set_current_device(self.index)
+
+    def __exit__(self, *exc):
+        _emu().set_current_device(self._previous)
+
+
+class Event:
+    """A marker in a stream; two of them time the GPU work between them, in simulated milliseconds."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.enable_timing = enable_timing
+        self.time_ns: int | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or current_stream()
+        self.time_ns = max(_emu().clock.host_ns, stream._ready_ns)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        return self.time_ns is None or _emu().clock.host_ns >= self.time_ns
+
+    def synchronize(self) -> None:
+        if self.time_ns is not None:
+            _emu().clock.host_wait(self.time_ns, "event.synchronize")
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self.time_ns is None or end_event.time_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if not end_event.query():
+            raise RuntimeError(
+                "CUDA error: device not ready\n(the end event has not happened yet: call "
+                "end_event.synchronize() or torch.cuda.synchronize() before elapsed_time)"
+            )
+        return (end_event.time_ns - self.time_ns) / 1e6
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return _emu().num_gpus
+
+
+def current_device() -> int:
+    return _emu().current_device()
+
+
+def set_device(device) -> None:
+    _emu().set_current_device(_index(device))
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    _index(device)
+    gpu = _emu().gpu
+    return DeviceProperties(gpu.name, *gpu.compute_capability, gpu.memory_bytes, gpu.multi_processor_count)
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return _emu().gpu.compute_capability >= (8, 0)
+
+
+def synchronize(device=None) -> None:
+    _emu().clock.synchronize([_index(device)])
+
+
+def current_stream(device=None) -> Stream:
+    index = _index(device)
+    return Stream._existing(index, _emu().current_stream_id(index))
+
+
+def default_stream(device=None) -> Stream:
+    return Stream._existing(_index(device), 0)
+
+
+def _memory() -> DeviceMemory:
+    return _emu().memory
+
+
+def memory_allocated(device=None) -> int:
+    return _memory().allocated[_index(device)]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _memory().peak[_index(device)]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _memory().reset_peak(_index(device))
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    total = _memory().capacity_bytes
+    return total - memory_allocated(device), total
+
+
+def empty_cache() -> None:
+    """Nothing is cached: the emulator frees memory as soon as the last tensor using it dies."""
+
+
+def manual_seed(seed: int) -> None:
+    """Emulated GPUs draw their random numbers from the CPU generator, so seed that one."""
+    torch.manual_seed(seed)
+
+
+def _lazy_init() -> None:
+    raise RuntimeError(
+        "This torch.cuda function is not modelled by the GPU emulator (course.emulate). It supports "
+        "devices, streams, events, synchronize and memory statistics; run this part on a real GPU."
+    )
+
+
+PATCHES = {
+    "is_available": is_available,
+    "is_initialized": is_initialized,
+    "device_count": device_count,
+    "current_device": current_device,
+    "set_device": set_device,
+    "device": device,
+    "get_device_name": get_device_name,
+    "get_device_properties": get_device_properties,
+    "get_device_capability": get_device_capability,
+    "is_bf16_supported": is_bf16_supported,
+    "synchronize": synchronize,
+    "Stream": Stream,
+    "stream": stream,
+    "current_stream": current_stream,
+    "default_stream": default_stream,
+    "Event": Event,
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "memory_reserved": memory_allocated,
+    "max_memory_reserved": max_memory_allocated,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "mem_get_info": mem_get_info,
+    "empty_cache": empty_cache,
+    "manual_seed": manual_seed,
+    "manual_seed_all": manual_seed,
+    "_lazy_init": _lazy_init,
+}
+
+ACCELERATOR_PATCHES = {
+    "is_available": is_available,
+    "device_count": device_count,
+    "current_accelerator": lambda check_available=False: torch.device("cuda"),
+    "current_device_index": current_device,
+    "set_device_index": set_device,
+    "synchronize": synchronize,
+}

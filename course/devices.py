@@ -1,0 +1,282 @@
+"""Fake CUDA tensors: a real CPU (or shape-only meta) tensor inside, a `cuda:i` device outside.
+
+Every aten op on them, forward and backward, arrives in `__torch_dispatch__`, which checks devices
+the way CUDA PyTorch does, runs the op on the CPU, charges its cost to the simulated clock and
+counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` device aborts backward.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from course import costs
+from course.memory import Block
+
+CPU = -1  # device index of the host in the emulator's bookkeeping
+
+# Set by course.emulate() while an emulator is active; see course/emulator.py.
+active = None
+
+
+def device_name(index: int) -> str:
+    return "cpu" if index == CPU else f"cuda:{index}"
+
+
+def current_emulator(what: str):
+    """The active emulator, or a clear error if a fake-GPU tensor outlived its `with` block."""
+    if active is None:
+        raise RuntimeError(
+            f"{what}: this tensor lives on an emulated GPU, and no `with course.emulate(...)` block is "
+            "active any more. Move results to the CPU with `.cpu()` inside the block."
+        )
+    return active
+
+
+def device_mismatch(first: int, second: int) -> RuntimeError:
+    """PyTorch's own wording, so learners meet the message they will see on real GPUs."""
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"{device_name(first)} and {device_name(second)}!"
+    )
+
+
+class EmulatedTensor(torch.Tensor):
+    """A tensor on an emulated GPU. `_inner` holds the data; `_block` its storage and readiness."""
+
+    _inner: torch.Tensor
+    _device_index: int
+    _block: Block | None
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls,
+            inner.size(),
+            strides=inner.stride(),
+            storage_offset=inner.storage_offset(),
+            dtype=inner.dtype,
+            layout=inner.layout,
+            device=inner.device,
+            requires_grad=requires_grad,
+        )
+        tensor._inner = inner
+        tensor._device_index = device_index
+        tensor._block = block
+        return tensor
+
+    @property
+    def device(self) -> torch.device:
+        index = self._device_index
+        return torch.device("cpu") if index == CPU else torch.device("cuda", index)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device_index != CPU
+
+    @property
+    def is_cpu(self) -> bool:
+        return self._device_index == CPU
+
+    @property
+    def is_meta(self) -> bool:
+        return False
+
+    def get_device(self) -> int:
+        return self._device_index
+
+    @property
+    def ready_ns(self) -> int:
+        return self._block.ready_ns if self._block is not None else 0
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from course.transfers import wait_for
+
+        wait_for(self, "print")
+        with torch._C.DisableTorchFunction():
+            return _format(self)
+
+    def __reduce_ex__(self, protocol):
+        """Saved as a CPU tensor plus its device, so torch.load(weights_only=True) accepts it."""
+        from course.transfers import to_host_copy
+
+        return (_rebuild_emulated, (to_host_copy(self), self._device_index, self.requires_grad))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from course.interception import handle_torch_function
+
+        return handle_torch_function(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return run_kernel(current_emulator(str(func)), func, args, kwargs or {})
+
+
+def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):
+    """Loading inside an emulator gives the tensor back on its fake GPU; outside, on the CPU."""
+    if active is None or device_index == CPU:
+        return host_tensor.requires_grad_(requires_grad)
+    from course.transfers import move
+
+    return move(host_tensor, device_index).requires_grad_(requires_grad)
+
+
+torch.serialization.add_safe_globals([_rebuild_emulated])
+
+
+def _format(tensor: EmulatedTensor) -> str:
+    """Format like a CUDA tensor: the values, then device, dtype and autograd suffixes."""
+    inner = tensor._inner.detach()
+    prefix = "tensor("
+    if inner.is_meta:
+        body, suffixes = "...", [f"device='{tensor.device}'", f"size={tuple(inner.shape)}"]
+        suffixes.append("shape only: emulated with materialize=False, there are no values")
+    else:
+        body = torch._tensor_str._tensor_str(inner, len(prefix))
+        suffixes = [f"device='{tensor.device}'"] if tensor._device_index != CPU else []
+        if inner.numel() == 0 and inner.dim() != 1:
+            suffixes.append(f"size={tuple(inner.shape)}")
+    if inner.dtype not in (torch.get_default_dtype(), torch.int64, torch.bool):
+        suffixes.append(f"dtype={inner.dtype}")
+    if tensor.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")
+    elif tensor.requires_grad:
+        suffixes.append("requires_grad=True")
+    return torch._tensor_str._add_suffixes(prefix + body, suffixes, len(prefix), False)
+
+
+def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+    return EmulatedTensor(inner, device_index, block, requires_grad)
+
+
+# Ops that only make a new view of the same storage: no kernel runs on a real GPU.
+def _is_view_only(func) -> bool:
+    return func.is_view or func in _METADATA_OPS
+
+
+_METADATA_OPS = {
+    torch.ops.aten.detach.default,
+    torch.ops.aten.alias.default,
+}
+
+
+def _tensor_nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _common_device(func, flat_args) -> int | None:
+    """The one device all tensor arguments share, by CUDA PyTorch's rules, else its error.
+
+    0-dim CPU tensors may join any device. During backward, autograd itself makes CPU tensors
+    (zero gradients for unused outputs); they are moved to the op's GPU, as a GPU run would have them.
+    """
+    device = None
+    for arg in flat_args:
+        if isinstance(arg, EmulatedTensor):
+            index = arg._device_index
+        elif isinstance(arg, torch.Tensor) and not (arg.dim() == 0 and arg.device.type == "cpu"):
+            index = CPU
+        else:
+            continue
+        if device is None or device == index:
+            device = index
+        elif CPU in (device, index) and torch._C._current_autograd_node() is not None:
+            device = max(device, index)
+        elif func is torch.ops.aten.copy_.default:
+            continue
+        else:
+            raise device_mismatch(device, index)
+    return device
+
+
+def run_kernel(emu, func, args, kwargs):
+    """Run one aten op on the CPU and charge it to the simulated GPU it runs on."""
+    flat, spec = tree_flatten((args, kwargs))
+    device = _common_device(func, flat)
+    if func is torch.ops.aten.copy_.default and _crosses_devices(flat):
+        from course.transfers import copy_into
+
+        return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
+    if func is torch.ops.aten._local_scalar_dense.default:
+        from course.transfers import read_scalar
+
+        return read_scalar(args[0])
+
+    inputs_ready_ns = 0
+    bytes_read = 0
+    inputs_by_id = {}
+    unwrapped = []
+    for arg in flat:
+        if isinstance(arg, EmulatedTensor):
+            inputs_ready_ns = max(inputs_ready_ns, arg.ready_ns)
+            bytes_read += _tensor_nbytes(arg._inner)
+            inputs_by_id[id(arg._inner)] = arg
+            unwrapped.append(arg._inner)
+        elif isinstance(arg, torch.Tensor) and arg.dim() > 0 and device not in (None, CPU):
+            from course.transfers import move
+
+            unwrapped.append(move(arg, device)._inner)  # a CPU tensor autograd made, see above
+        else:
+            unwrapped.append(arg)
+    un_args, un_kwargs = tree_unflatten(unwrapped, spec)
+    try:
+        out = func(*un_args, **un_kwargs)
+    except NotImplementedError as error:
+        raise NotImplementedError(
+            f"The GPU emulator cannot run {func} in shape-only mode (materialize=False): "
+            f"{error}. Run this part with course.emulate(..., materialize=True)."
+        ) from None
+
+    flat_out, out_spec = tree_flatten(out)
+    if device is None or device == CPU:
+        return tree_unflatten(
+            [wrap(o, CPU, None) if isinstance(o, torch.Tensor) else o for o in flat_out], out_spec
+        )
+    returns_view = any(r.alias_info is not None for r in func._schema.returns)
+    first_input = next((a for a in flat if isinstance(a, EmulatedTensor)), None)
+
+    end_ns = inputs_ready_ns
+    if not _is_view_only(func):
+        end_ns = _charge_kernel(emu, func, device, un_args, un_kwargs, out, flat_out, bytes_read, inputs_ready_ns)
+
+    wrapped = []
+    for o in flat_out:
+        if not isinstance(o, torch.Tensor):
+            wrapped.append(o)
+        elif id(o) in inputs_by_id:  # in-place or out=: the same tensor comes back
+            same = inputs_by_id[id(o)]
+            same._block.ready_ns = max(same._block.ready_ns, end_ns)
+            wrapped.append(same)
+        elif returns_view and first_input is not None:
+            wrapped.append(wrap(o, device, first_input._block))
+        else:
+            block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
+            wrapped.append(wrap(o, device, block))
+    return tree_unflatten(wrapped, out_spec)
+
+
+def _crosses_devices(flat) -> bool:
+    devices = {a._device_index if isinstance(a, EmulatedTensor) else CPU
+               for a in flat[:2] if isinstance(a, torch.Tensor)}
+    return len(devices) > 1
+
+
+def _charge_kernel(emu, func, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
+    """Roofline cost of the op on the preset GPU, queued on the device's current stream."""
+    bytes_written = sum(_tensor_nbytes(o) for o in flat_out if isinstance(o, torch.Tensor))
+    flops = costs.op_flops(func, args, kwargs, out)
+    tensor_cores = costs.uses_tensor_cores(func)
+    dtype = next((o.dtype for o in flat_out if isinstance(o, torch.Tensor)), torch.float32)
+    if func._overloadpacket in _CONVOLUTIONS:
+        allow_tf32 = torch.backends.cudnn.allow_tf32
+    else:
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, tensor_cores, allow_tf32)
+    return emu.clock.launch(
+        "kernel", func._overloadpacket._qualified_op_name, device,
+        emu.current_stream_id(device), duration, inputs_ready_ns, flops=flops,
+        nbytes=bytes_read + bytes_written,
+    )
+
+
+_CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}

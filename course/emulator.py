@@ -1,0 +1,160 @@
+"""`course.emulate`: run code written for several CUDA GPUs on the CPU, with a simulated clock.
+
+Inside the block, `torch.cuda` answers for the emulated GPUs and tensors on `cuda:i` are
+`EmulatedTensor`s; outside it torch is untouched. On a machine whose torch sees real GPUs the
+emulator steps aside (unless `force=True`), so the same notebook measures the real thing.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from course import costs, cuda_api, devices, hardware
+from course.clock import Clock
+from course.interception import EmulatorMode
+from course.memory import DeviceMemory
+from course.trace import TraceEvent
+
+
+class Emulator:
+    """The state of one emulated machine: its GPUs, links, clock, memory and trace.
+
+    Use it as a context manager (`with course.emulate(...) as emu:`), or call `start()` once at the
+    top of a notebook and `stop()` at the end, since a `with` block cannot span notebook cells.
+    """
+
+    mode = "emulated"
+
+    def __init__(self, gpus: int, gpu, link, host_link, materialize: bool):
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ValueError(f"gpus must be a whole number of GPUs, 1 or more; got {gpus!r}")
+        self.num_gpus = gpus
+        self.gpu = hardware.gpu(gpu)
+        self.link = hardware.link(link)
+        self.host_link = hardware.link(host_link)
+        self.materialize = materialize
+        self.clock = Clock(costs.HOST_LAUNCH_NS)
+        self.memory = DeviceMemory(gpus, self.gpu.memory_bytes)
+        self._per_thread = threading.local()
+        self._stream_counts = [1] * gpus
+        self._saved: list[tuple[object, str, object]] = []
+        self._mode: EmulatorMode | None = None
+
+    # -- per-thread CUDA state: current device and current stream of each device --------------
+    def _thread_state(self):
+        state = self._per_thread
+        if not hasattr(state, "device"):
+            state.device, state.streams = 0, {}
+        return state
+
+    def current_device(self) -> int:
+        return self._thread_state().device
+
+    def set_current_device(self, index: int) -> None:
+        self._thread_state().device = index
+
+    def current_stream_id(self, device: int) -> int:
+        return self._thread_state().streams.get(device, 0)
+
+    def set_current_stream(self, device: int, stream_id: int) -> None:
+        self._thread_state().streams[device] = stream_id
+
+    def new_stream_id(self, device: int) -> int:
+        with self.clock.lock:
+            self._stream_counts[device] += 1
+            return self._stream_counts[device] - 1
+
+    # -- switching on and off -------------------------------------------------------------------
+    def start(self) -> "Emulator":
+        if devices.active is not None:
+            raise RuntimeError("A course.emulate() block is already active; stop it before starting another.")
+        self._patch(torch.cuda, cuda_api.PATCHES)
+        self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
+        # Without this, Module.to() assigns param.data and silently drops the fake device.
+        self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        devices.active = self
+        self._mode = EmulatorMode()
+        self._mode.__enter__()
+        return self
+
+    def stop(self) -> None:
+        if self._mode is None:
+            return
+        self._mode.__exit__(None, None, None)
+        self._mode = None
+        devices.active = None
+        torch.__future__.set_swap_module_params_on_conversion(self._swap_before)
+        for module, name, original in reversed(self._saved):
+            setattr(module, name, original)
+        self._saved.clear()
+
+    def _patch(self, module, replacements: dict) -> None:
+        for name, replacement in replacements.items():
+            self._saved.append((module, name, getattr(module, name)))
+            setattr(module, name, replacement)
+
+    def __enter__(self) -> "Emulator":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what it shows --------------------------------------------------------------------------
+    @property
+    def trace(self) -> list[TraceEvent]:
+        return self.clock.trace
+
+    def now_ms(self) -> float:
+        """Simulated host time since the emulator started, in milliseconds."""
+        return self.clock.host_ns / 1e6
+
+    def describe(self) -> str:
+        values = "real values" if self.materialize else "shapes only (materialize=False)"
+        return (f"emulated: {self.num_gpus} x {self.gpu.name}, GPUs linked by {self.link.name}, "
+                f"host by {self.host_link.name}; {values}")
+
+    def __repr__(self) -> str:
+        return f"<course.Emulator {self.describe()}>"
+
+
+class RealGPUs:
+    """What `course.emulate` gives back on a machine with real GPUs: it changes nothing."""
+
+    mode = "real"
+    trace = None
+
+    def __init__(self):
+        self.num_gpus = torch.cuda.device_count()
+
+    def start(self) -> "RealGPUs":
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def __enter__(self) -> "RealGPUs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"real: {self.num_gpus} x {torch.cuda.get_device_name(0)}"
+
+    def __repr__(self) -> str:
+        return f"<course.RealGPUs {self.describe()}>"
+
+
+def emulate(gpus: int = 4, gpu="A100-80GB", link="nvlink3", host_link="pcie4",
+            materialize: bool = True, force: bool = False) -> Emulator | RealGPUs:
+    """An emulated machine of `gpus` x `gpu`, peers joined by `link`, host by `host_link`.
+
+    Defaults: 4 A100-80GB on NVLink 3 behind PCIe 4, like a DGX A100 quarter. `materialize=False`
+    computes shapes, times and memory without any values, for what-ifs at real scale. On a machine
+    whose torch sees real GPUs this returns `RealGPUs` and changes nothing, unless `force=True`.
+    """
+    if torch.cuda.is_available() and devices.active is None and not force:
+        return RealGPUs()
+    return Emulator(gpus, gpu, link, host_link, materialize)

@@ -1,0 +1,147 @@
+"""The GPUs and links the emulator can pretend to be: datasheet peaks, and the fraction real kernels reach.
+
+Every peak figure cites its public datasheet; every efficiency says which measurement it is calibrated on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+
+# CUDA Graphs blog (https://developer.nvidia.com/blog/cuda-graphs/): launching short kernels back to back
+# costs a few microseconds each on the host; PyTorch's Python + dispatcher path adds to that. 5 us is the
+# order of magnitude the course uses for one eager PyTorch op.
+HOST_LAUNCH_OVERHEAD_US = 5.0
+
+# Shortest time a kernel occupies a GPU. The CUDA Graphs blog above times its small elementwise example
+# kernel at about 2.9 us; 2 us for a kernel doing almost nothing is an estimate below that, for every preset.
+_KERNEL_MIN_US = 2.0
+
+# Fraction of datasheet memory bandwidth a large copy reaches, calibrated on the H100 measurement below
+# (3.0 of 3.35 TB/s). GPUs without a workplace measurement reuse it (assumption).
+_H100_MEMORY_EFFICIENCY = 3.0 / 3.35
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU model: what torch reports about it, and what its kernels can reach."""
+
+    key: str
+    name: str
+    memory_bytes: int
+    multi_processor_count: int
+    compute_capability: tuple[int, int]
+    peak_tflops: dict[str, float]
+    memory_bandwidth_gbps: float
+    matmul_efficiency: float
+    memory_efficiency: float
+    kernel_min_us: float
+
+
+@dataclass(frozen=True)
+class Link:
+    """One interconnect, per direction: what the spec promises and what a large copy gets."""
+
+    key: str
+    name: str
+    bandwidth_gbps: float
+    efficiency: float
+    pageable_efficiency: float
+    latency_us: float
+
+
+_GPU_LIST = [
+    # V100 SXM2 32GB, https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf
+    # : FP64 7.8, FP32 15.7, Tensor (FP16) 125 TFLOPS, 32 GB HBM2 at 900 GB/s. 80 SMs, sm_70 (Volta whitepaper,
+    # https://images.nvidia.com/content/volta-architecture/pdf/volta-architecture-whitepaper.pdf).
+    # Volta has no TF32 and no BF16 tensor cores: fp32 matmuls with allow_tf32 and bf16 matmuls both run on
+    # the CUDA cores, so "tf32" and "bf16" hold the FP32 peak.
+    # matmul_efficiency 0.80: no measurement; assumed like the H100/H200 calibration below.
+    GPU("V100", "Tesla V100-SXM2-32GB", 32 * GiB, 80, (7, 0),
+        {"fp64": 7.8, "fp32": 15.7, "tf32": 15.7, "bf16": 15.7, "fp16": 125.0},
+        900.0, 0.80, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    # A100 SXM4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    # : FP64 9.7, FP32 19.5, TF32 156, BF16 312, FP16 312 TFLOPS (dense); 40GB HBM2 1,555 GB/s, 80GB HBM2e
+    # 2,039 GB/s. 108 SMs, sm_80. matmul_efficiency: 271.2 of 312 TFLOPS bf16 measured with mamf-finder on
+    # A100 SXM (https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md, MAMF table).
+    GPU("A100-40GB", "NVIDIA A100-SXM4-40GB", 40 * GiB, 108, (8, 0),
+        {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        1555.0, 271.2 / 312, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    GPU("A100-80GB", "NVIDIA A100-SXM4-80GB", 80 * GiB, 108, (8, 0),
+        {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        2039.0, 271.2 / 312, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    # H100 SXM5 80GB, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+    # : FP64 34, FP32 67, TF32 989 / BF16 1,979 / FP16 1,979 TFLOPS *with sparsity* (halved here for dense),
+    # 80 GB HBM3 at 3.35 TB/s. 132 SMs, sm_90 (Hopper whitepaper,
+    # https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper).
+    # Calibrated in this workplace: an 8192^3 bf16 matmul ran at 798 TFLOP/s, a device-to-device copy at
+    # 3.0 TB/s counting bytes read + written.
+    GPU("H100", "NVIDIA H100 80GB HBM3", 80 * GiB, 132, (9, 0),
+        {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+        3350.0, 798 / 989.4, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    # H200 SXM 141GB, https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446
+    # : same compute as H100 SXM (FP64 34, FP32 67, TF32 989*, BF16/FP16 1,979* with sparsity), 141 GB HBM3e
+    # at 4.8 TB/s. Same GH100 die: 132 SMs, sm_90. memory_bytes uses the advertised 141 as GiB.
+    # Calibrated in this workplace: 788 TFLOP/s on an 8192^3 bf16 matmul, 4.3 TB/s read + written on a copy.
+    GPU("H200", "NVIDIA H200", 141 * GiB, 132, (9, 0),
+        {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+        4800.0, 788 / 989.4, 4.3 / 4.8, _KERNEL_MIN_US),
+    # GeForce RTX 4090, Ada whitepaper appendix,
+    # https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf
+    # : 128 SMs, FP32 82.6 TFLOPS, tensor FP16/BF16 with FP32 accumulate 165.2 (dense), TF32 82.6, 24 GB
+    # GDDR6X at 1,008 GB/s, sm_89. FP64 runs at 1/64 of FP32 on Ada (same whitepaper): 1.3 TFLOPS.
+    # matmul_efficiency 0.80: no measurement; assumed like the H100/H200 calibration.
+    GPU("RTX4090", "NVIDIA GeForce RTX 4090", 24 * GiB, 128, (8, 9),
+        {"fp64": 1.3, "fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
+        1008.0, 0.80, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    # T4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
+    # : FP32 8.1, mixed FP16/FP32 tensor 65 TFLOPS, 16 GB GDDR6 at 320 GB/s, 2,560 CUDA cores = 40 SMs, sm_75.
+    # FP64 is 1/32 of FP32 on Turing (Turing whitepaper,
+    # https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf).
+    # No TF32/BF16 tensor cores: "tf32" and "bf16" fall back to the FP32 peak, as on V100.
+    # matmul_efficiency 0.70: no measurement; set below the others because the 70 W card throttles its
+    # clock under sustained tensor-core load (assumption).
+    GPU("T4", "Tesla T4", 16 * GiB, 40, (7, 5),
+        {"fp64": 0.25, "fp32": 8.1, "tf32": 8.1, "bf16": 8.1, "fp16": 65.0},
+        320.0, 0.70, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+]
+
+_LINK_LIST = [
+    # PCIe x16 per direction: 8/16/32 GT/s per lane with 128b/130b encoding gives 15.75/31.5/63 GB/s
+    # (PCI-SIG, https://pcisig.com/specifications/pciexpress/). Pinned copies in CUDA's bandwidthTest reach
+    # ~80-85% of that; pageable copies go through a staging buffer and reach roughly half of pinned
+    # (https://developer.nvidia.com/blog/how-optimize-data-transfers-cuda-cc/). The 5 us per-transfer
+    # latency is an estimate of cudaMemcpy's fixed cost.
+    Link("pcie3", "PCIe 3.0 x16", 15.75, 0.80, 0.40, 5.0),
+    Link("pcie4", "PCIe 4.0 x16", 31.5, 0.82, 0.41, 5.0),
+    Link("pcie5", "PCIe 5.0 x16", 63.0, 0.85, 0.42, 5.0),
+    # NVLink per GPU, per direction = half the datasheet's bidirectional total: V100 300 GB/s, A100 600 GB/s,
+    # H100 900 GB/s (datasheets above). Efficiency from nccl-tests all-reduce bus bandwidth on 8-GPU NVLink
+    # nodes: A100 reports ~200-235 of 300 GB/s (https://github.com/NVIDIA/nccl-tests/issues/149,
+    # https://github.com/NVIDIA/nccl-tests/issues/100); V100 and H100 are taken as ~0.8 (assumption, same
+    # order as A100). The 2 us per-step latency is an estimate of a peer-to-peer hop.
+    Link("nvlink2", "NVLink 2 (V100)", 150.0, 0.80, 0.80, 2.0),
+    Link("nvlink3", "NVLink 3 (A100)", 300.0, 0.77, 0.77, 2.0),
+    Link("nvlink4", "NVLink 4 (H100)", 450.0, 0.80, 0.80, 2.0),
+]
+
+GPUS: dict[str, GPU] = {g.key: g for g in _GPU_LIST}
+LINKS: dict[str, Link] = {ln.key: ln for ln in _LINK_LIST}
+
+
+def _lookup(kind: str, presets: dict, key: str):
+    """Case-insensitive preset lookup whose error lists every valid name, so a typo is fixed in one step."""
+    for name, preset in presets.items():
+        if name.lower() == key.lower():
+            return preset
+    raise ValueError(f"unknown {kind} preset {key!r}; choose one of: {', '.join(presets)}")
+
+
+def gpu(key: str | GPU) -> GPU:
+    """The GPU preset named key (a GPU passes through, so callers can take either)."""
+    return key if isinstance(key, GPU) else _lookup("GPU", GPUS, key)
+
+
+def link(key: str | Link) -> Link:
+    """The Link preset named key (a Link passes through, so callers can take either)."""
+    return key if isinstance(key, Link) else _lookup("link", LINKS, key)

@@ -1,0 +1,216 @@
+"""Where `device="cuda:1"`, `.to()`, `.cuda()` and friends are caught before CPU-only PyTorch refuses them.
+
+A CPU build raises "Torch not compiled with CUDA enabled" as soon as a Python call names a CUDA
+device, before any op reaches the dispatcher, so these calls are taken over at the
+`__torch_function__` level: by `EmulatorMode` for plain tensors and factories, and by
+`EmulatedTensor.__torch_function__` in threads where the mode is not pushed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils._device
+from torch.overrides import TorchFunctionMode
+
+from course import costs
+from course.devices import CPU, EmulatedTensor, current_emulator, wrap
+from course.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
+
+
+def parse_device(spec, emu=None) -> int:
+    """Device index for 'cuda', 'cuda:1', torch.device, an int, or 'cpu' (-1), checked against the count."""
+    emu = emu or current_emulator("device")
+    if isinstance(spec, int):
+        index = spec
+    else:
+        device = torch.device(spec)
+        if device.type == "cpu":
+            return CPU
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"The GPU emulator runs 'cuda' and 'cpu' devices; '{device}' is not emulated."
+            )
+        index = emu.current_device() if device.index is None else device.index
+    if not 0 <= index < emu.num_gpus:
+        raise torch.AcceleratorError(
+            "CUDA error: invalid device ordinal\n"
+            f"(this emulator has {emu.num_gpus} GPU{'s' if emu.num_gpus > 1 else ''}: "
+            f"cuda:0 to cuda:{emu.num_gpus - 1}; asked for cuda:{index})"
+        )
+    return index
+
+
+def _unwrap(value):
+    return value._inner if isinstance(value, EmulatedTensor) else value
+
+
+_FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+
+
+def _create_on_device(func, device, args, kwargs):
+    """A factory call aimed at a fake GPU: make the tensor on the CPU (or meta) and move it there."""
+    emu = current_emulator(f"torch.{getattr(func, '__name__', func)}")
+    index = parse_device(device, emu)
+    if index == CPU:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **dict(kwargs, device="cpu"))
+    requires_grad = kwargs.pop("requires_grad", False)
+    kwargs.pop("pin_memory", None)
+    args = tuple(_unwrap(a) for a in args)
+    with torch._C.DisableTorchFunction():
+        shape_only = func(*args, **dict(kwargs, device="meta"))
+        nbytes = shape_only.numel() * shape_only.element_size()
+        block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
+        inner = shape_only if not emu.materialize else func(*args, **dict(kwargs, device="cpu"))
+    if func in _FROM_HOST_DATA:
+        block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
+                                          costs.copy_ns(emu.host_link, nbytes, pinned=False),
+                                          nbytes=nbytes, peer="cpu")
+        emu.clock.host_wait(block.ready_ns, "wait for copy cpu->cuda")
+    else:
+        duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
+        block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
+                                          emu.current_stream_id(index), duration, nbytes=nbytes)
+    return wrap(inner.detach(), index, block, requires_grad)
+
+
+def _to(self, *args, **kwargs):
+    if args and isinstance(args[0], torch.Tensor):
+        other = args[0]
+        device, dtype = other.device, other.dtype
+        non_blocking = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
+    elif args and isinstance(args[0], int) and not isinstance(args[0], bool):
+        device, dtype = args[0], (args[1] if len(args) > 1 else kwargs.get("dtype"))
+        non_blocking = kwargs.get("non_blocking", False)
+    else:
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+    result = self
+    if device is not None:
+        result = move(result, parse_device(device), non_blocking)
+    if dtype is not None and dtype != result.dtype:
+        with torch._C.DisableTorchFunctionSubclass():
+            result = torch.Tensor.to(result, dtype)
+    if kwargs.get("copy") and result is self:
+        result = self.clone()
+    return result
+
+
+def _cuda(self, device=None, non_blocking=False, memory_format=None):
+    emu = current_emulator(".cuda()")
+    index = emu.current_device() if device is None else parse_device(device, emu)
+    return move(self, index, non_blocking)
+
+
+def _cpu(self, memory_format=None):
+    return move(self, CPU)
+
+
+def _copy_(self, src, non_blocking=False):
+    if device_of(self) == device_of(src):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.copy_(self, src, non_blocking)
+    if torch.is_grad_enabled() and (self.requires_grad or src.requires_grad):
+        return copy_with_grad(self, src, non_blocking)
+    return copy_into(self, src, non_blocking)
+
+
+def _pin_memory(self, device=None):
+    if device_of(self) != CPU:
+        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+    return pin(self)
+
+
+def _is_pinned(self, device=None):
+    return is_pinned(self)
+
+
+def _numpy(self, force=False):
+    if device_of(self) != CPU:
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+    tensor = to_host_copy(self) if isinstance(self, EmulatedTensor) else self
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.numpy(tensor, force=force)
+
+
+def _tolist(self):
+    if not isinstance(self, EmulatedTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.tolist(self)
+    return to_host_copy(self).tolist()
+
+
+def _new_tensor(self, data, **kwargs):
+    if isinstance(self, EmulatedTensor) and kwargs.get("device") is None:
+        kwargs["device"] = self.device
+    kwargs.setdefault("dtype", self.dtype)
+    if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cuda":
+        return _create_on_device(torch.tensor, kwargs.pop("device"), (data,), kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.new_tensor(self, data, **kwargs)
+
+
+def _data_ptr(self):
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.data_ptr(_unwrap(self))
+
+
+def _record_stream(self, stream):
+    """The caching allocator's bookkeeping: nothing to do when nothing is really allocated."""
+    if not isinstance(self, EmulatedTensor):
+        raise RuntimeError("record_stream: expected a CUDA tensor, got a CPU tensor")
+
+
+def _type(self, dtype=None, non_blocking=False, **kwargs):
+    if dtype is None:
+        if isinstance(self, EmulatedTensor) and self.is_cuda:
+            return f"torch.cuda.{_unwrap(self).type().split('.')[-1]}"
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.type(self)
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.type(self, dtype, non_blocking, **kwargs)
+
+
+_HANDLERS = {
+    torch.Tensor.to: _to,
+    torch.Tensor.cuda: _cuda,
+    torch.Tensor.cpu: _cpu,
+    torch.Tensor.copy_: _copy_,
+    torch.Tensor.pin_memory: _pin_memory,
+    torch.Tensor.is_pinned: _is_pinned,
+    torch.Tensor.numpy: _numpy,
+    torch.Tensor.tolist: _tolist,
+    torch.Tensor.new_tensor: _new_tensor,
+    torch.Tensor.data_ptr: _data_ptr,
+    torch.Tensor.record_stream: _record_stream,
+    torch.Tensor.type: _type,
+}
+
+
+def _default_device():
+    """The device `with torch.device(...)` or `torch.set_default_device` made the default, if a GPU."""
+    current = torch.utils._device.CURRENT_DEVICE
+    return current if current is not None and current.type == "cuda" else None
+
+
+def handle_torch_function(func, args, kwargs):
+    """Route one Python-level torch call: take over the ones that name a device, pass the rest on."""
+    handler = _HANDLERS.get(func)
+    if handler is not None:
+        return handler(*args, **kwargs)
+    device = kwargs.get("device") if kwargs else None
+    if device is None and func in torch.utils._device._device_constructors():
+        device = _default_device()
+    if device is not None and not (isinstance(device, str) and device.startswith("cpu")):
+        if isinstance(device, int) or torch.device(device).type != "cpu":
+            return _create_on_device(func, device, args, dict(kwargs))
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+class EmulatorMode(TorchFunctionMode):
+    """Pushed on every thread that runs emulated code: sees factory calls and plain-tensor `.to()`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return handle_torch_function(func, args, kwargs or {})

@@ -1,0 +1,194 @@
+"""Checks that the hardware presets are complete and the cost model agrees with torch and with calibration."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from course import costs, hardware
+
+DTYPE_KEYS = {"fp64", "fp32", "tf32", "bf16", "fp16"}
+
+
+class RecordOps(TorchDispatchMode):
+    """Records every aten call so a test can price exactly what PyTorch ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func, args, kwargs or {}, out))
+        return out
+
+
+def counted_flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def recorded_call(fn, op):
+    with RecordOps() as recorder:
+        fn()
+    return next(call for call in recorder.calls if call[0] is op)
+
+
+@pytest.mark.parametrize("preset", hardware.GPUS.values(), ids=list(hardware.GPUS))
+def test_gpu_presets_are_complete_and_positive(preset):
+    assert set(preset.peak_tflops) == DTYPE_KEYS
+    assert all(value > 0 for value in preset.peak_tflops.values())
+    assert preset.memory_bytes > 0 and preset.multi_processor_count > 0
+    assert preset.memory_bandwidth_gbps > 0 and preset.kernel_min_us > 0
+    assert 0 < preset.matmul_efficiency <= 1 and 0 < preset.memory_efficiency <= 1
+
+
+@pytest.mark.parametrize("preset", hardware.LINKS.values(), ids=list(hardware.LINKS))
+def test_link_presets_are_positive(preset):
+    assert preset.bandwidth_gbps > 0 and preset.latency_us > 0
+    assert 0 < preset.pageable_efficiency <= preset.efficiency <= 1
+
+
+def test_lookup_accepts_names_instances_and_any_case():
+    h100 = hardware.GPUS["H100"]
+    assert hardware.gpu("H100") is h100
+    assert hardware.gpu("h100") is h100
+    assert hardware.gpu(h100) is h100
+    assert hardware.link("NVLink4") is hardware.LINKS["nvlink4"]
+
+
+@pytest.mark.parametrize("lookup, presets", [(hardware.gpu, hardware.GPUS), (hardware.link, hardware.LINKS)])
+def test_unknown_name_lists_valid_names(lookup, presets):
+    with pytest.raises(ValueError) as error:
+        lookup("A100")
+    assert "'A100'" in str(error.value)
+    assert all(name in str(error.value) for name in presets)
+
+
+def test_mm_flops_match_flop_counter():
+    a, b = torch.randn(6, 5), torch.randn(5, 7)
+    func, args, kwargs, out = recorded_call(lambda: a @ b, torch.ops.aten.mm.default)
+    assert costs.op_flops(func, args, kwargs, out) == counted_flops(lambda: a @ b)
+    assert costs.op_flops(torch.ops.aten.add.Tensor, (a, a), {}, a + a) == 0
+
+
+def test_sdpa_flops_match_explicit_matmuls():
+    q = torch.randn(2, 3, 5, 8, requires_grad=True)
+    k = torch.randn(2, 3, 7, 8, requires_grad=True)
+    v = torch.randn(2, 3, 7, 8, requires_grad=True)
+    sdpa = costs.op_flops(*recorded_call(lambda: F.scaled_dot_product_attention(q, k, v),
+                                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default))
+    scores = lambda: q @ k.transpose(-2, -1)
+    forward = counted_flops(lambda: torch.softmax(scores(), -1) @ v)
+    assert sdpa == forward > 0
+
+    out = F.scaled_dot_product_attention(q, k, v)
+    backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    sdpa_backward = costs.op_flops(*recorded_call(lambda: out.sum().backward(), backward_op))
+    explicit = torch.softmax(scores(), -1) @ v
+    backward = counted_flops(lambda: explicit.sum().backward())
+    assert sdpa_backward == backward + counted_flops(scores)  # flash recomputes the scores in backward
+
+
+def test_tensor_core_ops():
+    assert costs.uses_tensor_cores(torch.ops.aten.mm.default)
+    assert costs.uses_tensor_cores(torch.ops.aten.convolution_backward.default)
+    assert costs.uses_tensor_cores(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert not costs.uses_tensor_cores(torch.ops.aten.add.Tensor)
+
+
+def test_peak_flops_follows_dtype_and_tf32():
+    a100 = hardware.gpu("A100-80GB")
+    tflops = a100.peak_tflops
+    assert costs.peak_flops_per_s(a100, torch.float32, True, allow_tf32=True) == tflops["tf32"] * 1e12
+    assert costs.peak_flops_per_s(a100, torch.float32, True, allow_tf32=False) == tflops["fp32"] * 1e12
+    assert costs.peak_flops_per_s(a100, torch.bfloat16, True, False) == tflops["bf16"] * 1e12
+    assert costs.peak_flops_per_s(a100, torch.bfloat16, False, False) == tflops["fp32"] * 1e12
+    assert costs.peak_flops_per_s(a100, torch.float64, True, False) == tflops["fp64"] * 1e12
+
+
+def mm_cost_ns(gpu, n, dtype=torch.bfloat16):
+    a = torch.empty(n, n, dtype=dtype, device="meta")
+    flops = costs.op_flops(torch.ops.aten.mm.default, (a, a), {}, a)
+    return flops, costs.kernel_ns(gpu, flops, 3 * a.nbytes, dtype, True, False)
+
+
+def test_kernel_ns_is_monotone_in_size():
+    h100 = hardware.gpu("H100")
+    times = [mm_cost_ns(h100, n)[1] for n in (16, 256, 1024, 4096, 8192)]
+    assert times == sorted(times) and times[0] < times[-1]
+    copies = [costs.device_copy_ns(h100, 2**p) for p in range(10, 32, 4)]
+    assert copies == sorted(copies) and copies[0] < copies[-1]
+
+
+def test_roofline_switches_regime():
+    h100 = hardware.gpu("H100")
+    numel = 1024
+    add = dict(dtype=torch.float32, tensor_cores=False, allow_tf32=False)
+    assert costs.kernel_ns(h100, numel, 3 * 4 * numel, **add) == costs.kernel_ns(h100, 0, 3 * 4 * numel, **add)
+    flops, _ = mm_cost_ns(h100, 8192)
+    mm = dict(dtype=torch.bfloat16, tensor_cores=True, allow_tf32=False)
+    assert costs.kernel_ns(h100, flops, 3 * 2 * 8192**2, **mm) == costs.kernel_ns(h100, flops, 0, **mm)
+
+
+@pytest.mark.parametrize("key, measured_tflops", [("H100", 798), ("H200", 788)])
+def test_matmul_calibration(key, measured_tflops):
+    flops, ns = mm_cost_ns(hardware.gpu(key), 8192)
+    assert flops / ns / 1e3 == pytest.approx(measured_tflops, rel=0.03)
+
+
+@pytest.mark.parametrize("key, measured_tbps", [("H100", 3.0), ("H200", 4.3)])
+def test_copy_calibration(key, measured_tbps):
+    nbytes = 2**30
+    ns = costs.device_copy_ns(hardware.gpu(key), nbytes)
+    assert 2 * nbytes / ns / 1e3 == pytest.approx(measured_tbps, rel=0.03)
+
+
+def test_pinned_is_faster_than_pageable():
+    for preset in ("pcie3", "pcie4", "pcie5"):
+        pcie = hardware.link(preset)
+        assert costs.copy_ns(pcie, 2**28, pinned=True) < costs.copy_ns(pcie, 2**28, pinned=False)
+
+
+@pytest.mark.parametrize("collective", [costs.ring_allreduce_ns, costs.ring_allgather_ns,
+                                        costs.ring_reduce_scatter_ns, costs.broadcast_ns])
+def test_collectives_on_one_gpu_are_free(collective):
+    assert collective(hardware.link("nvlink3"), 2**30, 1) == 0
+
+
+@pytest.mark.parametrize("num_gpus", [2, 4, 8])
+def test_allreduce_bus_bandwidth_approaches_link(num_gpus):
+    nvlink = hardware.link("nvlink4")
+    reachable_gbps = nvlink.bandwidth_gbps * nvlink.efficiency
+    busbw = []
+    for nbytes in (2**20, 2**34):
+        algbw_gbps = nbytes / costs.ring_allreduce_ns(nvlink, nbytes, num_gpus)
+        busbw.append(algbw_gbps * 2 * (num_gpus - 1) / num_gpus)
+    assert busbw[0] < busbw[1] <= reachable_gbps
+    assert busbw[1] == pytest.approx(reachable_gbps, rel=0.01)
+
+
+def test_gather_and_scatter_cost_half_an_allreduce():
+    nvlink = hardware.link("nvlink3")
+    allreduce = costs.ring_allreduce_ns(nvlink, 2**30, 8)
+    assert costs.ring_allgather_ns(nvlink, 2**30, 8) == pytest.approx(allreduce / 2, abs=1)
+    assert costs.ring_reduce_scatter_ns(nvlink, 2**30, 8) == pytest.approx(allreduce / 2, abs=1)
+
+
+def test_results_are_deterministic_ints():
+    h100, nvlink = hardware.gpu("H100"), hardware.link("nvlink4")
+    calls = [
+        lambda: costs.kernel_ns(h100, 10**12, 10**9, torch.bfloat16, True, False),
+        lambda: costs.copy_ns(hardware.link("pcie4"), 12345, pinned=False),
+        lambda: costs.device_copy_ns(h100, 12345),
+        lambda: costs.ring_allreduce_ns(nvlink, 12345, 8),
+        lambda: costs.ring_allgather_ns(nvlink, 12345, 8),
+        lambda: costs.ring_reduce_scatter_ns(nvlink, 12345, 8),
+        lambda: costs.broadcast_ns(nvlink, 12345, 8),
+    ]
+    for call in calls:
+        first = call()
+        assert type(first) is int and first > 0
+        assert all(call() == first for _ in range(3))
+    assert type(costs.HOST_LAUNCH_NS) is int and costs.HOST_LAUNCH_NS > 0
