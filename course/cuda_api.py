@@ -86,6 +86,10 @@ class Stream:
     def query(self) -> bool:
         return _emu().clock.host_ns >= self._ready_ns
 
+    def is_capturing(self) -> bool:
+        """CUDA graph capture is not emulated, so a stream is never capturing."""
+        return False
+
     def synchronize(self) -> None:
         _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
 
@@ -254,7 +258,7 @@ def empty_cache() -> None:
 
 def manual_seed(seed: int) -> None:
     """Emulated GPUs draw their random numbers from the CPU generator, so seed that one."""
-    torch.manual_seed(seed)
+    torch.random.default_generator.manual_seed(seed)
 
 
 def _lazy_init() -> None:
@@ -290,6 +294,7 @@ PATCHES = {
     "empty_cache": empty_cache,
     "manual_seed": manual_seed,
     "manual_seed_all": manual_seed,
+    "is_current_stream_capturing": lambda: False,
     "_lazy_init": _lazy_init,
 }
 
@@ -300,4 +305,5 @@ ACCELERATOR_PATCHES = {
     "current_device_index": current_device,
     "set_device_index": set_device,
     "synchronize": synchronize,
+    "current_stream": current_stream,
 }

@@ -1,0 +1,64 @@
+# Multi-GPU PyTorch course. GNU make; needs only python3 (>= 3.11), no conda.
+#   make lab    set everything up and open the course in JupyterLab
+#   make test   run the tests
+
+VENV ?= .venv
+PY = $(VENV)/bin/python
+PIP = $(PY) -m pip
+STAMP = $(VENV)/.installed
+# Exactly this torch: pip.conf points at a local CPU wheel; anything newer is a multi-GB CUDA download.
+TORCH = torch==2.13.0
+LAB_ARGS ?=
+# Jupyter refuses to start as root (containers, CI boxes) unless told to.
+ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup lab test test-quick benchmark student clean
+
+help: ## list the targets
+	@echo "Targets:"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# Reinstalls only when pyproject.toml (the dependency list) changes.
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install $(TORCH)
+	$(PIP) install -e ".[test]" $(TORCH)
+	@touch $@
+
+setup: $(STAMP) ## create .venv and install the course with all dependencies
+
+lab: setup ## open the course in JupyterLab (the URL is printed below)
+	@echo "Starting JupyterLab on notebooks/; open the http://localhost:8888/lab?token=... URL printed below."
+	$(VENV)/bin/jupyter lab notebooks/ $(ROOT_ARGS) $(LAB_ARGS)
+
+test: setup ## run the tests
+	$(PY) -m pytest -q
+
+test-quick: setup ## run the fast tests, stop at the first failure
+	$(PY) -m pytest -q -m "not slow" -x
+
+benchmark: setup ## run every benchmarks/*.py
+	@set -e; found=; for f in benchmarks/*.py; do \
+		[ -e "$$f" ] || continue; found=1; \
+		echo "== $$f"; $(PY) "$$f"; \
+	done; [ -n "$$found" ] || echo "no benchmarks/*.py yet"
+
+# nbgrader: solutions/<chapter>/*.ipynb (instructor source) -> notebooks/<chapter>/ (student versions).
+student: setup ## generate the student notebooks/ from solutions/ (nbgrader generate_assignment)
+	@set -e; found=; for d in solutions/*/; do \
+		[ -d "$$d" ] || continue; found=1; a=$$(basename "$$d"); \
+		echo "== $$a"; \
+		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nbgrader generate_assignment "$$a" --force \
+			--CourseDirectory.root="$(CURDIR)" \
+			--CourseDirectory.source_directory=solutions \
+			--CourseDirectory.release_directory=notebooks \
+			--CourseDirectory.db_url="sqlite:///$(CURDIR)/autograder/gradebook.db"; \
+	done; [ -n "$$found" ] || echo "no solutions/<chapter>/ yet"
+
+clean: ## remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache *.egg-info build
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
+	find . -name .ipynb_checkpoints -type d -prune -not -path './.git/*' -exec rm -rf {} +
