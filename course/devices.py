@@ -7,7 +7,6 @@ counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` devi
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from course import costs
 from course.memory import Block
@@ -164,17 +163,17 @@ def _tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _common_device(func, flat_args) -> int | None:
+def _common_device(func, tensors) -> int | None:
     """The one device all tensor arguments share, by CUDA PyTorch's rules, else its error.
 
     0-dim CPU tensors may join any device. During backward, autograd itself makes CPU tensors
     (zero gradients for unused outputs); they are moved to the op's GPU, as a GPU run would have them.
     """
     device = None
-    for arg in flat_args:
+    for arg in tensors:
         if isinstance(arg, EmulatedTensor):
             index = arg._device_index
-        elif isinstance(arg, torch.Tensor) and not (arg.dim() == 0 and arg.device.type == "cpu"):
+        elif not (arg.dim() == 0 and arg.device.type == "cpu"):
             index = CPU
         else:
             continue
@@ -189,11 +188,34 @@ def _common_device(func, flat_args) -> int | None:
     return device
 
 
+def _unwrap(value, tensors: list):
+    """Replace EmulatedTensors by their inner tensors, one list level deep, collecting every tensor."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return value._inner if isinstance(value, EmulatedTensor) else value
+    if type(value) in (list, tuple):
+        return type(value)(_unwrap(v, tensors) for v in value)
+    return value
+
+
+def _promote_host_tensors(value, device: int):
+    """Move CPU tensors that autograd created during backward to the op's GPU (see _common_device)."""
+    from course.transfers import move
+
+    if isinstance(value, torch.Tensor) and not isinstance(value, EmulatedTensor) and value.dim() > 0:
+        return move(value, device)
+    if type(value) in (list, tuple):
+        return type(value)(_promote_host_tensors(v, device) for v in value)
+    return value
+
+
 def run_kernel(emu, func, args, kwargs):
     """Run one aten op on the CPU and charge it to the simulated GPU it runs on."""
-    flat, spec = tree_flatten((args, kwargs))
-    device = _common_device(func, flat)
-    if func is torch.ops.aten.copy_.default and _crosses_devices(flat):
+    tensors: list[torch.Tensor] = []
+    un_args = tuple(_unwrap(a, tensors) for a in args)
+    un_kwargs = {k: _unwrap(v, tensors) for k, v in kwargs.items()} if kwargs else {}
+    device = _common_device(func, tensors)
+    if func is torch.ops.aten.copy_.default and _crosses_devices(tensors):
         from course.transfers import copy_into
 
         return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
@@ -201,24 +223,12 @@ def run_kernel(emu, func, args, kwargs):
         from course.transfers import read_scalar
 
         return read_scalar(args[0])
-
-    inputs_ready_ns = 0
-    bytes_read = 0
-    inputs_by_id = {}
-    unwrapped = []
-    for arg in flat:
-        if isinstance(arg, EmulatedTensor):
-            inputs_ready_ns = max(inputs_ready_ns, arg.ready_ns)
-            bytes_read += _tensor_nbytes(arg._inner)
-            inputs_by_id[id(arg._inner)] = arg
-            unwrapped.append(arg._inner)
-        elif isinstance(arg, torch.Tensor) and arg.dim() > 0 and device not in (None, CPU):
-            from course.transfers import move
-
-            unwrapped.append(move(arg, device)._inner)  # a CPU tensor autograd made, see above
-        else:
-            unwrapped.append(arg)
-    un_args, un_kwargs = tree_unflatten(unwrapped, spec)
+    emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
+    if len(emulated) < len(tensors) and device not in (None, CPU) and any(t.dim() > 0 for t in tensors):
+        tensors.clear()
+        un_args = tuple(_unwrap(_promote_host_tensors(a, device), tensors) for a in args)
+        un_kwargs = {k: _unwrap(_promote_host_tensors(v, device), tensors) for k, v in kwargs.items()}
+        emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
     try:
         out = func(*un_args, **un_kwargs)
     except NotImplementedError as error:
@@ -226,19 +236,21 @@ def run_kernel(emu, func, args, kwargs):
             f"The GPU emulator cannot run {func} in shape-only mode (materialize=False): "
             f"{error}. Run this part with course.emulate(..., materialize=True)."
         ) from None
+    multiple = isinstance(out, (tuple, list))
+    flat_out = list(out) if multiple else [out]
 
-    flat_out, out_spec = tree_flatten(out)
     if device is None or device == CPU:
-        return tree_unflatten(
-            [wrap(o, CPU, None) if isinstance(o, torch.Tensor) else o for o in flat_out], out_spec
-        )
-    returns_view = any(r.alias_info is not None for r in func._schema.returns)
-    first_input = next((a for a in flat if isinstance(a, EmulatedTensor)), None)
+        wrapped = [wrap(o, CPU, None) if isinstance(o, torch.Tensor) else o for o in flat_out]
+        return type(out)(wrapped) if multiple else wrapped[0]
 
+    inputs_ready_ns = max((t.ready_ns for t in emulated), default=0)
     end_ns = inputs_ready_ns
     if not _is_view_only(func):
-        end_ns = _charge_kernel(emu, func, device, un_args, un_kwargs, out, flat_out, bytes_read, inputs_ready_ns)
-
+        bytes_read = sum(_tensor_nbytes(t._inner) for t in emulated)
+        end_ns = _charge_kernel(emu, func, device, un_args, un_kwargs, out, flat_out, bytes_read,
+                                inputs_ready_ns)
+    returns_view = any(r.alias_info is not None for r in func._schema.returns)
+    inputs_by_id = {id(t._inner): t for t in emulated}
     wrapped = []
     for o in flat_out:
         if not isinstance(o, torch.Tensor):
@@ -247,17 +259,16 @@ def run_kernel(emu, func, args, kwargs):
             same = inputs_by_id[id(o)]
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
-        elif returns_view and first_input is not None:
-            wrapped.append(wrap(o, device, first_input._block))
+        elif returns_view and emulated:
+            wrapped.append(wrap(o, device, emulated[0]._block))
         else:
             block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
             wrapped.append(wrap(o, device, block))
-    return tree_unflatten(wrapped, out_spec)
+    return type(out)(wrapped) if multiple else wrapped[0]
 
 
-def _crosses_devices(flat) -> bool:
-    devices = {a._device_index if isinstance(a, EmulatedTensor) else CPU
-               for a in flat[:2] if isinstance(a, torch.Tensor)}
+def _crosses_devices(tensors) -> bool:
+    devices = {t._device_index if isinstance(t, EmulatedTensor) else CPU for t in tensors[:2]}
     return len(devices) > 1
 
 

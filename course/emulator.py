@@ -11,6 +11,7 @@ import threading
 import torch
 
 from course import costs, cuda_api, devices, hardware
+from course import plots
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
@@ -117,6 +118,15 @@ class Emulator:
 
     def __repr__(self) -> str:
         return f"<course.Emulator {self.describe()}>"
+
+    def plot_timeline(self, **kwargs):
+        return plots.plot_timeline(self.trace, **kwargs)
+
+    def export_chrome_trace(self, path):
+        return plots.export_chrome_trace(self.trace, path)
+
+    def summary(self):
+        return plots.summary(self.trace)
 
 
 class RealGPUs:

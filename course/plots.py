@@ -65,10 +65,11 @@ def plot_timeline(trace, ax=None, title=None, start_ms=None, end_ms=None):
                 ax.broken_barh(bars, (row[lane] - 0.4, 0.8), facecolors=colour, edgecolor="white",
                                linewidth=0.5, label=label)
                 label = None  # one legend entry per kind
-        for e in events:  # say where a copy goes when its bar has room for the words
+        for e in events:  # say where a copy goes (or comes from) when its bar has room
             if e.peer and e.duration_ns > 0.08 * (hi_ns - lo_ns):
                 ax.text((e.start_ns + e.end_ns) / 2 / per_unit, row[(e.device, e.stream)],
-                        f"→ {e.peer}", ha="center", va="center", fontsize=8, clip_on=True)
+                        f"← {e.peer}" if _copied_in(e, e.device) else f"→ {e.peer}",
+                        ha="center", va="center", fontsize=8, clip_on=True)
 
     ax.set_yticks(range(len(lanes)), [_lane_label(*lane) for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # host on top

@@ -1,0 +1,236 @@
+"""The simulated clock, memory accounting, streams, events and shape-only mode."""
+import pytest
+import torch
+
+import course
+from course import costs, hardware
+
+
+def _kernels(emu, name):
+    return [e for e in emu.trace if e.kind == "kernel" and e.name == name]
+
+
+def test_launches_are_asynchronous_and_item_blocks_the_host():
+    with course.emulate(gpus=1) as emu:
+        a = torch.randn(4096, 4096, device="cuda:0")
+        before = emu.clock.host_ns
+        b = a @ a
+        mm = _kernels(emu, "aten::mm")[0]
+        assert emu.clock.host_ns == before + costs.HOST_LAUNCH_NS  # the host only paid the launch
+        assert mm.end_ns > emu.clock.host_ns  # ... while the GPU is still busy
+        b[0, 0].item()
+        assert emu.clock.host_ns >= mm.end_ns
+        waits = [e for e in emu.trace if e.kind == "host"]
+        assert waits and waits[-1].end_ns >= mm.end_ns
+
+
+def test_printing_and_cpu_block_the_host():
+    with course.emulate(gpus=1) as emu:
+        a = torch.randn(2048, 2048, device="cuda:0")
+        b = a @ a
+        end = _kernels(emu, "aten::mm")[0].end_ns
+        repr(b)
+        assert emu.clock.host_ns >= end
+        c = b @ b
+        c.cpu()
+        assert emu.clock.host_ns > _kernels(emu, "aten::mm")[1].end_ns
+
+
+def test_matmul_time_follows_the_roofline_and_dtype():
+    gpu = hardware.gpu("A100-80GB")
+    with course.emulate(gpus=1, gpu="A100-80GB") as emu:
+        for dtype in (torch.float32, torch.bfloat16):
+            a = torch.randn(1024, 1024, device="cuda:0", dtype=dtype)
+            a @ a
+        fp32, bf16 = _kernels(emu, "aten::mm")
+    assert fp32.flops == bf16.flops == 2 * 1024**3
+    expected = costs.kernel_ns(gpu, fp32.flops, fp32.bytes, torch.float32, True, False)
+    assert fp32.duration_ns == expected
+    assert bf16.duration_ns < fp32.duration_ns / 5  # tensor cores: 312 vs 19.5 TFLOP/s peak
+
+
+def test_tf32_switch_speeds_up_fp32_matmuls():
+    with course.emulate(gpus=1) as emu:
+        a = torch.randn(2048, 2048, device="cuda:0")
+        a @ a
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            a @ a
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+        plain, tf32 = _kernels(emu, "aten::mm")
+    assert tf32.duration_ns < plain.duration_ns / 4
+
+
+def test_peer_copies_wait_for_the_source_and_use_the_link():
+    timings = {}
+    for link in ("nvlink3", "pcie4"):
+        with course.emulate(gpus=2, link=link) as emu:
+            a = torch.randn(2048, 2048, device="cuda:0")
+            b = a @ a
+            b.to("cuda:1")
+            mm = _kernels(emu, "aten::mm")[0]
+            copy = [e for e in emu.trace if e.kind == "copy"][-1]
+            assert copy.start_ns >= mm.end_ns  # the copy waited for the matmul that produced b
+            assert (copy.device, copy.peer) == ("cuda:0", "cuda:1")
+            assert copy.bytes == b.numel() * 4
+            timings[link] = copy.duration_ns
+    assert timings["nvlink3"] * 5 < timings["pcie4"]
+
+
+def test_pinned_memory_is_faster_and_non_blocking_lets_the_host_go_on():
+    with course.emulate(gpus=1) as emu:
+        pageable = torch.randn(1024, 1024)
+        pinned = pageable.pin_memory()
+        assert pinned.is_pinned() and not pageable.is_pinned()
+        pageable.to("cuda:0")
+        slow = emu.trace[-2]
+        assert emu.clock.host_ns >= slow.end_ns  # a pageable copy blocks the host
+        host_before = emu.clock.host_ns
+        pinned.to("cuda:0", non_blocking=True)
+        fast = [e for e in emu.trace if e.kind == "copy"][-1]
+        assert fast.duration_ns < slow.duration_ns
+        assert emu.clock.host_ns == host_before + costs.HOST_LAUNCH_NS < fast.end_ns
+
+
+def test_streams_overlap_and_events_time_them():
+    with course.emulate(gpus=1) as emu:
+        a = torch.randn(2048, 2048, device="cuda:0")
+        torch.cuda.synchronize()
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.cuda.stream(s1):
+            a @ a
+        with torch.cuda.stream(s2):
+            a @ a
+        torch.cuda.current_stream().wait_stream(s1)
+        torch.cuda.current_stream().wait_stream(s2)
+        end.record()
+        with pytest.raises(RuntimeError, match="device not ready"):
+            start.elapsed_time(end)  # the classic mistake: reading the time before synchronising
+        end.synchronize()
+        k1, k2 = _kernels(emu, "aten::mm")
+        assert (k1.stream, k2.stream) == (s1.stream_id, s2.stream_id)
+        assert k2.start_ns < k1.end_ns  # the two streams ran at the same time
+        assert start.elapsed_time(end) == pytest.approx((k2.end_ns - start.time_ns) / 1e6)
+
+
+def test_same_stream_work_is_serialised():
+    with course.emulate(gpus=1) as emu:
+        a = torch.randn(1024, 1024, device="cuda:0")
+        a @ a
+        a @ a
+        k1, k2 = _kernels(emu, "aten::mm")
+        assert k2.start_ns >= k1.end_ns
+
+
+def test_events_need_enable_timing():
+    with course.emulate(gpus=1):
+        start, end = torch.cuda.Event(), torch.cuda.Event()
+        start.record(), end.record()
+        torch.cuda.synchronize()
+        with pytest.raises(RuntimeError, match="enable_timing=True"):
+            start.elapsed_time(end)
+
+
+def test_memory_counts_live_and_peak_and_gives_memory_back():
+    with course.emulate(gpus=2):
+        assert torch.cuda.memory_allocated(0) == 0
+        a = torch.empty(1024, 1024, device="cuda:0")
+        assert torch.cuda.memory_allocated(0) == 4 * 2**20
+        assert torch.cuda.memory_allocated(1) == 0
+        view = a[:10]
+        assert torch.cuda.memory_allocated(0) == 4 * 2**20  # a view allocates nothing
+        b = a * 2
+        assert torch.cuda.memory_allocated(0) == 8 * 2**20
+        del a, view, b
+        assert torch.cuda.memory_allocated(0) == 0
+        assert torch.cuda.max_memory_allocated(0) == 8 * 2**20
+        torch.cuda.reset_peak_memory_stats(0)
+        assert torch.cuda.max_memory_allocated(0) == 0
+        small = torch.empty(1, device="cuda:1")
+        assert torch.cuda.memory_allocated(1) == 512  # rounded like the caching allocator
+        del small
+
+
+def test_out_of_memory_is_raised_before_the_cpu_allocates():
+    with course.emulate(gpus=1, gpu="T4") as emu:
+        capacity = emu.gpu.memory_bytes
+        assert torch.cuda.get_device_properties(0).total_memory == capacity
+        with pytest.raises(torch.cuda.OutOfMemoryError,
+                           match=r"CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+                                 r"capacity of 16.00 GiB of which 16.00 GiB is free"):
+            torch.empty(20 * 2**30, dtype=torch.uint8, device="cuda:0")
+        assert torch.cuda.memory_allocated(0) == 0
+
+
+def test_device_api_reports_the_preset():
+    with course.emulate(gpus=3, gpu="H100"):
+        props = torch.cuda.get_device_properties(2)
+        preset = hardware.gpu("H100")
+        assert torch.cuda.get_device_name() == preset.name == props.name
+        assert props.multi_processor_count == preset.multi_processor_count
+        assert torch.cuda.device_count() == 3 and torch.cuda.is_available()
+        assert torch.cuda.get_device_capability() == preset.compute_capability
+
+
+def _workload():
+    torch.manual_seed(0)
+    a = torch.randn(512, 512, device="cuda:0", requires_grad=True)
+    b = a.to("cuda:1") @ torch.randn(512, 256, device="cuda:1")
+    b.sum().backward()
+    return a.grad.sum().item()
+
+
+def test_the_trace_is_identical_run_after_run():
+    traces = []
+    for _ in range(2):
+        with course.emulate(gpus=2) as emu:
+            _workload()
+        traces.append(emu.trace)
+    assert traces[0] == traces[1]
+
+
+def test_shape_only_mode_times_like_the_real_run_without_values():
+    with course.emulate(gpus=2) as real:
+        _workload()
+    with course.emulate(gpus=2, materialize=False) as shapes:
+        with pytest.raises(RuntimeError, match="shape-only"):
+            _workload()
+        shape_kernels = [(e.kind, e.name, e.start_ns, e.end_ns) for e in shapes.trace if e.kind != "host"]
+        assert "shape only" in repr(torch.ones(3, device="cuda:0"))
+    kernels = [(e.kind, e.name, e.start_ns, e.end_ns) for e in real.trace if e.kind != "host"]
+    assert shape_kernels == kernels[:len(shape_kernels)] and len(shape_kernels) > 5
+
+
+def test_shape_only_mode_handles_real_scale_quickly():
+    import time
+
+    started = time.perf_counter()
+    with course.emulate(gpus=8, gpu="H100", link="nvlink4", materialize=False) as emu:
+        layers = [torch.nn.Linear(16384, 16384, device=f"cuda:{i}") for i in range(8)]
+        x = torch.randn(64, 16384, device="cuda:0")
+        for i, layer in enumerate(layers):
+            x = layer(x.to(f"cuda:{i}"))
+        torch.cuda.synchronize(7)
+        assert x.shape == (64, 16384) and x.device.index == 7
+        assert torch.cuda.memory_allocated(3) >= 16384 * 16384 * 4
+    assert time.perf_counter() - started < 10
+    assert emu.now_ms() > 0
+
+
+def test_ops_without_a_shape_only_version_name_the_op():
+    with course.emulate(gpus=1, materialize=False):
+        x = torch.randn(10, device="cuda:0")
+        with pytest.raises(NotImplementedError, match="aten.nonzero"):
+            torch.nonzero(x)
+
+
+def test_bad_arguments_get_clear_messages():
+    with pytest.raises(ValueError, match="unknown GPU preset 'A100'; choose one of: V100, A100-40GB"):
+        course.emulate(gpu="A100", force=True)
+    with pytest.raises(ValueError, match="unknown link preset 'nvlink9'"):
+        course.emulate(link="nvlink9", force=True)
+    with pytest.raises(ValueError, match="gpus must be a whole number of GPUs, 1 or more; got 0"):
+        course.emulate(gpus=0, force=True)

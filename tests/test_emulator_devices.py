@@ -1,0 +1,245 @@
+"""Ordinary CUDA PyTorch code runs unchanged under course.emulate and agrees with plain CPU PyTorch."""
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import course
+
+
+@pytest.fixture
+def emu():
+    with course.emulate(gpus=4) as emulator:
+        yield emulator
+
+
+def test_factories_place_tensors_on_the_named_device(emu):
+    assert torch.randn(2, 3, device="cuda:1").device == torch.device("cuda", 1)
+    assert torch.zeros(2, device=torch.device("cuda", 2)).device == torch.device("cuda", 2)
+    assert torch.ones(2, device=3).device == torch.device("cuda", 3)
+    with torch.device("cuda:3"):
+        assert torch.empty(4).device == torch.device("cuda", 3)
+    torch.set_default_device("cuda:2")
+    try:
+        assert torch.arange(5).device == torch.device("cuda", 2)
+    finally:
+        torch.set_default_device(None)
+    assert torch.arange(5).device == torch.device("cpu")
+
+
+def test_device_properties_and_repr_show_the_fake_device(emu):
+    x = torch.tensor([1.0, 2.0], device="cuda:1")
+    assert x.is_cuda and not x.is_cpu and x.get_device() == 1
+    assert repr(x) == "tensor([1., 2.], device='cuda:1')"
+    h = torch.ones(2, device="cuda:0", dtype=torch.float16, requires_grad=True)
+    assert repr(h) == "tensor([1., 1.], device='cuda:0', dtype=torch.float16, requires_grad=True)"
+    assert "grad_fn=<MulBackward0>" in repr(h * 2)
+
+
+def test_to_cuda_cpu_and_current_device(emu):
+    x = torch.randn(3)
+    assert x.to("cuda:2").device.index == 2
+    assert x.cuda().device.index == 0
+    torch.cuda.set_device(1)
+    assert torch.cuda.current_device() == 1
+    assert x.cuda().device.index == 1
+    assert torch.zeros(1, device="cuda").device.index == 1
+    with torch.cuda.device(3):
+        assert x.cuda().device.index == 3
+    assert torch.cuda.current_device() == 1
+    y = x.to("cuda:2").to(torch.float64)
+    assert y.dtype == torch.float64 and y.device.index == 2
+    back = y.cpu()
+    assert type(back) is torch.Tensor and back.device.type == "cpu"
+    torch.testing.assert_close(back, x.double())
+    moved = x.to("cuda:1")
+    assert moved.to("cuda:1") is moved  # no copy when already there, as in PyTorch
+
+
+def test_autograd_across_devices_matches_cpu(emu):
+    torch.manual_seed(0)
+    a_cpu = torch.randn(6, 5, requires_grad=True)
+    b_cpu = torch.randn(5, 4, requires_grad=True)
+    ((a_cpu @ b_cpu).relu().sum()).backward()
+
+    a = a_cpu.detach().to("cuda:0").requires_grad_()
+    b = b_cpu.detach().to("cuda:1").requires_grad_()
+    out = (a.to("cuda:1") @ b).relu().sum()
+    out.backward()
+    assert a.grad.device == torch.device("cuda", 0)
+    assert b.grad.device == torch.device("cuda", 1)
+    torch.testing.assert_close(a.grad.cpu(), a_cpu.grad)
+    torch.testing.assert_close(b.grad.cpu(), b_cpu.grad)
+
+
+def _train(device, optimizer_cls, steps=3):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+    optimizer = optimizer_cls(model.parameters())
+    x = torch.randn(10, 8).to(device)
+    y = torch.randint(0, 3, (10,)).to(device)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    return {k: v.cpu() for k, v in model.state_dict().items()}, loss.item()
+
+
+@pytest.mark.parametrize("optimizer_cls", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.Adam(p, lr=0.01),
+], ids=["SGD", "Adam"])
+def test_training_on_a_fake_gpu_equals_cpu_training(optimizer_cls):
+    expected, expected_loss = _train("cpu", optimizer_cls)
+    with course.emulate(gpus=2):
+        got, got_loss = _train("cuda:1", optimizer_cls)
+    assert got_loss == pytest.approx(expected_loss, rel=1e-5)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name])
+
+
+def test_module_to_and_cuda_move_parameters_and_keep_them_parameters(emu):
+    model = nn.Linear(4, 2)
+    model.cuda(2)
+    assert isinstance(model.weight, nn.Parameter)
+    assert model.weight.device == torch.device("cuda", 2)
+    assert model.bias.device == torch.device("cuda", 2)
+    assert model(torch.randn(3, 4, device="cuda:2")).device.index == 2
+
+
+def test_state_dict_save_load_and_deepcopy(emu, tmp_path):
+    model = nn.Linear(4, 2).to("cuda:1")
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)
+    loaded = torch.load(path)  # weights_only=True, PyTorch's default
+    assert loaded["weight"].device == torch.device("cuda", 1)
+    other = nn.Linear(4, 2).to("cuda:3")
+    other.load_state_dict(loaded)
+    assert other.weight.device.index == 3
+    torch.testing.assert_close(other.weight.cpu(), model.weight.cpu())
+    twin = copy.deepcopy(model)
+    assert twin.weight.device.index == 1
+    torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu())
+
+
+def test_saved_tensors_load_on_the_cpu_outside_the_emulator():
+    buffer = io.BytesIO()
+    with course.emulate(gpus=2):
+        weight = torch.arange(4.0, device="cuda:1")
+        torch.save({"w": weight}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert type(loaded["w"]) is torch.Tensor
+    torch.testing.assert_close(loaded["w"], torch.arange(4.0))
+
+
+def test_mixing_devices_raises_pytorchs_message(emu):
+    a, b = torch.ones(2, device="cuda:0"), torch.ones(2, device="cuda:1")
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but found "
+                                           r"at least two devices, cuda:0 and cuda:1!$"):
+        a + b
+    with pytest.raises(RuntimeError, match="cuda:0 and cpu!"):
+        a + torch.ones(2)
+    with pytest.raises(RuntimeError, match="same device"):
+        nn.Linear(2, 2).to("cuda:1")(a)
+
+
+def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
+    a = torch.ones(3, device="cuda:0")
+    assert (a * torch.tensor(2.0)).device.index == 0
+    host = torch.zeros(3)
+    host.copy_(a)
+    torch.testing.assert_close(host, torch.ones(3))
+    other = torch.zeros(3, device="cuda:2")
+    other.copy_(a * 5)
+    assert other.device.index == 2
+    torch.testing.assert_close(other.cpu(), torch.full((3,), 5.0))
+
+
+def test_invalid_device_ordinal(emu):
+    with pytest.raises(torch.AcceleratorError, match="CUDA error: invalid device ordinal"):
+        torch.zeros(1, device="cuda:4")
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        torch.zeros(1).to("cuda:9")
+
+
+def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
+    with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()"):
+        torch.ones(2, device="cuda:0").numpy()
+    assert torch.ones(2, device="cuda:0").cpu().numpy().tolist() == [1.0, 1.0]
+    assert torch.ones(2, device="cuda:0").tolist() == [1.0, 1.0]
+
+
+def test_outside_the_block_torch_is_untouched():
+    with course.emulate(gpus=2):
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 2
+        escaped = torch.ones(2, device="cuda:0")
+    assert not torch.cuda.is_available()
+    assert torch.cuda.device_count() == 0
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        torch.zeros(1, device="cuda:0")
+    with pytest.raises(RuntimeError, match=r"no `with course.emulate\(...\)` block is active"):
+        escaped + 1
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+
+
+def test_start_and_stop_span_notebook_cells():
+    emulator = course.emulate(gpus=2).start()
+    try:
+        assert torch.ones(1, device="cuda:1").device.index == 1
+        with pytest.raises(RuntimeError, match="already active"):
+            course.emulate(gpus=2, force=True).start()
+    finally:
+        emulator.stop()
+    assert not torch.cuda.is_available()
+
+
+def test_steps_aside_when_torch_sees_real_gpus(monkeypatch):
+    # No GPU is lent to this project: only the decision is tested here, by answering as a CUDA build would.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert course.emulate(gpus=4).mode == "real"
+    forced = course.emulate(gpus=4, force=True)
+    assert forced.mode == "emulated" and forced.num_gpus == 4
+
+
+def test_unsupported_torch_cuda_calls_name_the_emulator(emu):
+    with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
+        torch.cuda.get_rng_state()
+
+
+def test_seed_000_sharded_matmul_runs_unchanged():
+    """The forum snippet of seed 000, indentation restored, gradients added."""
+    torch.manual_seed(0)
+    with course.emulate(gpus=4):
+        ngpu = torch.cuda.device_count()
+        N, M, K = 128, 256, 512  # example matmul sizes
+        A = []
+        B = torch.randn(M, K, device='cuda:0', requires_grad=True)
+        for i in range(ngpu):
+            A.append(torch.randn(N // ngpu, M, device='cuda:' + str(i), requires_grad=True))
+        B_ = [B]
+        for i in range(ngpu):
+            if i != 0:
+                B_.append(B.to('cuda:' + str(i)))
+        C_ = []
+        for i in range(ngpu):
+            C_.append(torch.matmul(A[i], B_[i]))
+        C = torch.empty(N, K)
+        for i in range(ngpu):
+            start_index = i * (N // ngpu)
+            C[start_index:start_index + (N // ngpu), :].copy_(C_[i])
+
+        A_cpu = torch.cat([a.detach().cpu() for a in A]).requires_grad_()
+        B_cpu = B.detach().cpu().requires_grad_()
+        expected = A_cpu @ B_cpu
+        torch.testing.assert_close(C, expected)
+        upstream = torch.randn(N, K)
+        (C * upstream).sum().backward()
+        (expected * upstream).sum().backward()
+        assert B.grad.device.index == 0 and A[3].grad.device.index == 3
+        torch.testing.assert_close(B.grad.cpu(), B_cpu.grad)
+        torch.testing.assert_close(torch.cat([a.grad.cpu() for a in A]), A_cpu.grad)
