@@ -3,6 +3,10 @@
 CUDA launches are asynchronous: the host pays a launch overhead and moves on while the kernel waits
 for its stream and its inputs. Only a synchronising call (`.item()`, `.cpu()`, printing,
 `torch.cuda.synchronize()`) makes the host wait. Integers keep every run identical to the nanosecond.
+
+Each host thread (DataParallel's workers, rank threads) has its own host time: a thread starts at its
+parent's time and the parent takes the later of both when it joins, so the timeline does not depend
+on how the operating system interleaves the threads.
 """
 from __future__ import annotations
 
@@ -16,10 +20,28 @@ class Clock:
 
     def __init__(self, host_launch_ns: int):
         self.host_launch_ns = host_launch_ns
-        self.host_ns = 0
         self.stream_ready_ns: dict[tuple[int, int], int] = {}
-        self.trace: list[TraceEvent] = []
+        self._events: list[TraceEvent] = []
+        self._host = threading.local()
+        self._main_host_ns = 0
         self.lock = threading.RLock()
+
+    @property
+    def host_ns(self) -> int:
+        return getattr(self._host, "ns", self._main_host_ns)
+
+    @host_ns.setter
+    def host_ns(self, value: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._main_host_ns = value
+        else:
+            self._host.ns = value
+
+    @property
+    def trace(self) -> list[TraceEvent]:
+        """Every event, ordered by start time then lane, whatever order threads recorded them in."""
+        with self.lock:
+            return sorted(self._events, key=lambda e: (e.start_ns, e.device, e.stream, e.end_ns, e.name))
 
     def stream_ready(self, device: int, stream: int) -> int:
         return self.stream_ready_ns.get((device, stream), 0)
@@ -47,22 +69,39 @@ class Clock:
         the streams of both GPUs.
         """
         with self.lock:
-            self.host_ns += self.host_launch_ns
+            host = self.host_ns + self.host_launch_ns
+            self.host_ns = host
             lanes = ((device, stream),) + also_on
-            start = max(self.host_ns, inputs_ready_ns, *(self.stream_ready(*lane) for lane in lanes))
+            start = max(host, inputs_ready_ns, *(self.stream_ready(*lane) for lane in lanes))
             end = start + duration_ns
             for lane in lanes:
                 self.stream_ready_ns[lane] = end
-            self.trace.append(
+            self._events.append(
                 TraceEvent(kind, name, f"cuda:{device}", stream, start, end, flops, nbytes, peer)
             )
+            return end
+
+    def launch_collective(self, name: str, lanes: list[tuple[int, int]], duration_ns: int,
+                          inputs_ready_ns: int, nbytes: int) -> int:
+        """One collective over several GPUs: it starts when every participant is ready, ends together."""
+        with self.lock:
+            host = self.host_ns + self.host_launch_ns
+            self.host_ns = host
+            start = max(host, inputs_ready_ns, *(self.stream_ready(*lane) for lane in lanes))
+            end = start + duration_ns
+            for device, stream in lanes:
+                self.stream_ready_ns[(device, stream)] = end
+                self._events.append(
+                    TraceEvent("collective", name, f"cuda:{device}", stream, start, end, 0, nbytes)
+                )
             return end
 
     def host_wait(self, until_ns: int, reason: str) -> None:
         """Block the host until `until_ns`, recording the idle wait on the host lane."""
         with self.lock:
-            if until_ns > self.host_ns:
-                self.trace.append(TraceEvent("host", reason, "host", 0, self.host_ns, until_ns))
+            host = self.host_ns
+            if until_ns > host:
+                self._events.append(TraceEvent("host", reason, "host", 0, host, until_ns))
                 self.host_ns = until_ns
 
     def synchronize(self, devices) -> None:
