@@ -306,4 +306,5 @@ ACCELERATOR_PATCHES = {
     "set_device_index": set_device,
     "synchronize": synchronize,
     "current_stream": current_stream,
+    "device_index": device,
 }

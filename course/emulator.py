@@ -6,12 +6,17 @@ emulator steps aside (unless `force=True`), so the same notebook measures the re
 """
 from __future__ import annotations
 
+import importlib
 import threading
+import types
 
 import torch
+import torch.cuda.comm
+import torch.cuda.nccl
+import torch.nn.parallel._functions
+import torch.nn.parallel.comm
 
-from course import costs, cuda_api, devices, hardware
-from course import plots
+from course import collectives, costs, cuda_api, devices, hardware, plots
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
@@ -72,6 +77,14 @@ class Emulator:
             raise RuntimeError("A course.emulate() block is already active; stop it before starting another.")
         self._patch(torch.cuda, cuda_api.PATCHES)
         self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
+        self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
+        self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
+        self._patch(torch.cuda.nccl, collectives.NCCL_PATCHES)
+        # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
+        self._patch(torch.nn.parallel._functions, {"_streams": None})
+        # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
+        self._patch(importlib.import_module("torch.nn.parallel.parallel_apply"),
+                    {"threading": _EMULATED_THREADING})
         # Without this, Module.to() assigns param.data and silently drops the fake device.
         self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
@@ -127,6 +140,36 @@ class Emulator:
 
     def summary(self):
         return plots.summary(self.trace)
+
+
+class EmulatedThread(threading.Thread):
+    """A thread that runs inside the active emulator, on a host timeline forked from its parent's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._emulator = devices.active
+        self._start_host_ns = self._emulator.clock.host_ns
+        self._start_device = self._emulator.current_device()
+        self._end_host_ns = self._start_host_ns
+
+    def run(self) -> None:
+        emu = self._emulator
+        emu.clock.host_ns = self._start_host_ns
+        emu.set_current_device(self._start_device)
+        try:
+            with EmulatorMode():
+                super().run()
+        finally:
+            self._end_host_ns = emu.clock.host_ns
+
+    def join(self, timeout=None) -> None:
+        super().join(timeout)
+        if not self.is_alive():
+            clock = self._emulator.clock
+            clock.host_ns = max(clock.host_ns, self._end_host_ns)
+
+
+_EMULATED_THREADING = types.SimpleNamespace(Thread=EmulatedThread, Lock=threading.Lock)
 
 
 class RealGPUs:
