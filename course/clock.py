@@ -71,11 +71,15 @@ class Clock:
         with self.lock:
             host = self.host_ns + self.host_launch_ns
             self.host_ns = host
-            lanes = ((device, stream),) + also_on
-            start = max(host, inputs_ready_ns, *(self.stream_ready(*lane) for lane in lanes))
+            ready = self.stream_ready_ns
+            lane = (device, stream)
+            start = max(host, inputs_ready_ns, ready.get(lane, 0))
+            for other in also_on:
+                start = max(start, ready.get(other, 0))
             end = start + duration_ns
-            for lane in lanes:
-                self.stream_ready_ns[lane] = end
+            ready[lane] = end
+            for other in also_on:
+                ready[other] = end
             self._events.append(
                 TraceEvent(kind, name, f"cuda:{device}", stream, start, end, flops, nbytes, peer)
             )

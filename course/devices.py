@@ -6,6 +6,8 @@ counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` devi
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from course import costs
@@ -94,6 +96,21 @@ class EmulatedTensor(torch.Tensor):
         with torch._C.DisableTorchFunction():
             return _format(self)
 
+    def __deepcopy__(self, memo):
+        """A clone on the same device (with its own memory), carrying over grad and user attributes."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            twin = self.clone()
+        twin.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            twin.grad = copy.deepcopy(self.grad, memo)
+        for key, value in self.__dict__.items():
+            if key not in ("_inner", "_device_index", "_block"):
+                setattr(twin, key, copy.deepcopy(value, memo))
+        memo[id(self)] = twin
+        return twin
+
     def __reduce_ex__(self, protocol):
         """Saved as a CPU tensor plus its device, so torch.load(weights_only=True) accepts it."""
         from course.transfers import to_host_copy
@@ -108,7 +125,8 @@ class EmulatedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return run_kernel(current_emulator(str(func)), func, args, kwargs or {})
+        emu = active if active is not None else current_emulator(str(func))
+        return run_kernel(emu, func, args, kwargs or {})
 
 
 def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):
@@ -148,15 +166,28 @@ def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_g
     return EmulatedTensor(inner, device_index, block, requires_grad)
 
 
-# Ops that only make a new view of the same storage: no kernel runs on a real GPU.
-def _is_view_only(func) -> bool:
-    return func.is_view or func in _METADATA_OPS
+class _OpInfo:
+    """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
+
+    __slots__ = ("name", "view_only", "returns_view", "tensor_cores", "cudnn")
+
+    def __init__(self, func):
+        self.name = func._overloadpacket._qualified_op_name
+        # Views and metadata-only ops launch no kernel on a real GPU.
+        self.view_only = func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+        self.returns_view = any(r.alias_info is not None for r in func._schema.returns)
+        self.tensor_cores = costs.uses_tensor_cores(func)
+        self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
 
 
-_METADATA_OPS = {
-    torch.ops.aten.detach.default,
-    torch.ops.aten.alias.default,
-}
+_OP_INFO: dict = {}
+
+
+def _op_info(func) -> _OpInfo:
+    info = _OP_INFO.get(func)
+    if info is None:
+        info = _OP_INFO[func] = _OpInfo(func)
+    return info
 
 
 def _tensor_nbytes(t: torch.Tensor) -> int:
@@ -243,13 +274,13 @@ def run_kernel(emu, func, args, kwargs):
         wrapped = [wrap(o, CPU, None) if isinstance(o, torch.Tensor) else o for o in flat_out]
         return type(out)(wrapped) if multiple else wrapped[0]
 
+    info = _op_info(func)
     inputs_ready_ns = max((t.ready_ns for t in emulated), default=0)
     end_ns = inputs_ready_ns
-    if not _is_view_only(func):
+    if not info.view_only:
         bytes_read = sum(_tensor_nbytes(t._inner) for t in emulated)
-        end_ns = _charge_kernel(emu, func, device, un_args, un_kwargs, out, flat_out, bytes_read,
+        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
                                 inputs_ready_ns)
-    returns_view = any(r.alias_info is not None for r in func._schema.returns)
     inputs_by_id = {id(t._inner): t for t in emulated}
     wrapped = []
     for o in flat_out:
@@ -259,7 +290,7 @@ def run_kernel(emu, func, args, kwargs):
             same = inputs_by_id[id(o)]
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
-        elif returns_view and emulated:
+        elif info.returns_view and emulated:
             wrapped.append(wrap(o, device, emulated[0]._block))
         else:
             block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
@@ -272,22 +303,16 @@ def _crosses_devices(tensors) -> bool:
     return len(devices) > 1
 
 
-def _charge_kernel(emu, func, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
+def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
     """Roofline cost of the op on the preset GPU, queued on the device's current stream."""
     bytes_written = sum(_tensor_nbytes(o) for o in flat_out if isinstance(o, torch.Tensor))
-    flops = costs.op_flops(func, args, kwargs, out)
-    tensor_cores = costs.uses_tensor_cores(func)
     dtype = next((o.dtype for o in flat_out if isinstance(o, torch.Tensor)), torch.float32)
-    if func._overloadpacket in _CONVOLUTIONS:
-        allow_tf32 = torch.backends.cudnn.allow_tf32
-    else:
-        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-    duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, tensor_cores, allow_tf32)
-    return emu.clock.launch(
-        "kernel", func._overloadpacket._qualified_op_name, device,
-        emu.current_stream_id(device), duration, inputs_ready_ns, flops=flops,
-        nbytes=bytes_read + bytes_written,
-    )
-
-
-_CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+    flops, allow_tf32 = 0, False
+    if info.tensor_cores:
+        flops = costs.op_flops(func, args, kwargs, out)
+        if dtype is torch.float32:
+            allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
+                          else torch.backends.cuda.matmul.allow_tf32)
+    duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, info.tensor_cores, allow_tf32)
+    return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
+                            inputs_ready_ns, flops=flops, nbytes=bytes_read + bytes_written)

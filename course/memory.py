@@ -7,7 +7,6 @@ caching allocator would report them through `torch.cuda.memory_allocated`.
 from __future__ import annotations
 
 import threading
-import weakref
 
 import torch
 
@@ -29,17 +28,21 @@ def format_bytes(nbytes: float) -> str:
 
 
 class Block:
-    """One storage on one fake GPU; views of it share the block.
+    """One storage on one fake GPU; views of it share the block, and its death frees the bytes.
 
     `ready_ns` is when the last kernel that wrote it finishes, so readers can wait for it.
     """
 
-    __slots__ = ("device", "nbytes", "ready_ns", "__weakref__")
+    __slots__ = ("memory", "device", "nbytes", "ready_ns")
 
-    def __init__(self, device: int, nbytes: int, ready_ns: int = 0):
+    def __init__(self, memory: "DeviceMemory", device: int, nbytes: int, ready_ns: int = 0):
+        self.memory = memory
         self.device = device
         self.nbytes = nbytes
         self.ready_ns = ready_ns
+
+    def __del__(self):
+        self.memory.free(self.device, self.nbytes)
 
 
 class DeviceMemory:
@@ -49,7 +52,7 @@ class DeviceMemory:
         self.capacity_bytes = capacity_bytes
         self.allocated = [0] * num_gpus
         self.peak = [0] * num_gpus
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def check_fits(self, device: int, nbytes: int) -> None:
         """Raise torch.cuda.OutOfMemoryError, worded like the real one, if nbytes would not fit."""
@@ -72,11 +75,9 @@ class DeviceMemory:
             self.check_fits(device, nbytes)
             self.allocated[device] += rounded
             self.peak[device] = max(self.peak[device], self.allocated[device])
-        block = Block(device, rounded, ready_ns)
-        weakref.finalize(block, self._free, device, rounded)
-        return block
+        return Block(self, device, rounded, ready_ns)
 
-    def _free(self, device: int, nbytes: int) -> None:
+    def free(self, device: int, nbytes: int) -> None:
         with self._lock:
             self.allocated[device] -= nbytes
 

@@ -1,14 +1,13 @@
 """What the emulator records: one event per kernel, copy or host wait, in simulated nanoseconds.
 
-Kept as plain data so plots, summaries, chrome traces and hidden tests can all read it.
+Kept as plain immutable tuples (cheap to make on every op) so plots, summaries, chrome traces and hidden tests can all read it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class TraceEvent:
+class TraceEvent(NamedTuple):
     """One interval on one lane of the timeline.
 
     kind: "kernel" (compute on a GPU), "copy" (bytes over a link), "collective" or "host"
