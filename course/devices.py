@@ -169,7 +169,7 @@ def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_g
 class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
-    __slots__ = ("name", "view_only", "returns_view", "tensor_cores", "cudnn")
+    __slots__ = ("name", "view_only", "returns_view", "tensor_cores", "cudnn", "overwrites_first")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -178,8 +178,12 @@ class _OpInfo:
         self.returns_view = any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
         self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
+        # These write their first argument without reading it: it is not memory traffic in.
+        self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
 
 
+_OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
+                    ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
 
 
@@ -279,6 +283,8 @@ def run_kernel(emu, func, args, kwargs):
     end_ns = inputs_ready_ns
     if not info.view_only:
         bytes_read = sum(_tensor_nbytes(t._inner) for t in emulated)
+        if info.overwrites_first and isinstance(args[0], EmulatedTensor):
+            bytes_read -= _tensor_nbytes(args[0]._inner)
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
                                 inputs_ready_ns)
     inputs_by_id = {id(t._inner): t for t in emulated}

@@ -62,14 +62,19 @@ _GPU_LIST = [
         900.0, 0.80, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # A100 SXM4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
     # : FP64 9.7, FP32 19.5, TF32 156, BF16 312, FP16 312 TFLOPS (dense); 40GB HBM2 1,555 GB/s, 80GB HBM2e
-    # 2,039 GB/s. 108 SMs, sm_80. matmul_efficiency: 271.2 of 312 TFLOPS bf16 measured with mamf-finder on
-    # A100 SXM (https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md, MAMF table).
+    # 2,039 GB/s. 108 SMs, sm_80. matmul_efficiency: 267.9 of 312 TFLOPS bf16 measured with mamf-finder on
+    # A100 SXM, CUDA 12.1 (https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md,
+    # "Maximum Achievable Matmul FLOPS comparison table"). memory_efficiency: 1.61 of 2.039 TB/s, the STREAM
+    # Copy (bytes read + written) of an A100-SXM4-80GB in Azure's ND A100 v4 results
+    # (https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_A100_v4_results.md); the
+    # A100 reaches a smaller fraction of its datasheet bandwidth than the H100, so the H100 figure is not reused.
+    # The 40GB model has no measurement of its own and shares the 80GB fraction (assumption).
     GPU("A100-40GB", "NVIDIA A100-SXM4-40GB", 40 * GiB, 108, (8, 0),
         {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-        1555.0, 271.2 / 312, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+        1555.0, 267.9 / 312, 1.61 / 2.039, _KERNEL_MIN_US),
     GPU("A100-80GB", "NVIDIA A100-SXM4-80GB", 80 * GiB, 108, (8, 0),
         {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-        2039.0, 271.2 / 312, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+        2039.0, 267.9 / 312, 1.61 / 2.039, _KERNEL_MIN_US),
     # H100 SXM5 80GB, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
     # : FP64 34, FP32 67, TF32 989 / BF16 1,979 / FP16 1,979 TFLOPS *with sparsity* (halved here for dense),
     # 80 GB HBM3 at 3.35 TB/s. 132 SMs, sm_90 (Hopper whitepaper,
@@ -109,20 +114,26 @@ _GPU_LIST = [
 _LINK_LIST = [
     # PCIe x16 per direction: 8/16/32 GT/s per lane with 128b/130b encoding gives 15.75/31.5/63 GB/s
     # (PCI-SIG, https://pcisig.com/specifications/pciexpress/). Pinned copies in CUDA's bandwidthTest reach
-    # ~80-85% of that; pageable copies go through a staging buffer and reach roughly half of pinned
-    # (https://developer.nvidia.com/blog/how-optimize-data-transfers-cuda-cc/). The 5 us per-transfer
-    # latency is an estimate of cudaMemcpy's fixed cost.
-    Link("pcie3", "PCIe 3.0 x16", 15.75, 0.80, 0.40, 5.0),
-    Link("pcie4", "PCIe 4.0 x16", 31.5, 0.82, 0.41, 5.0),
-    Link("pcie5", "PCIe 5.0 x16", 63.0, 0.85, 0.42, 5.0),
+    # ~80-85% of that (checked, not fitted, by benchmarks/fidelity.py). Pageable copies go through a staging
+    # buffer (https://developer.nvidia.com/blog/how-optimize-data-transfers-cuda-cc/): calibrated on a DGX A100
+    # bandwidthTest, 10.0 GB/s pageable vs 25.7 GB/s pinned host-to-device on PCIe 4
+    # (https://github.com/gengwg/gpu/blob/main/nvda_gpu_benchmark.md), i.e. 0.317 of the link, 0.39 of
+    # pinned; PCIe 3 and 5 keep that pageable/pinned ratio (assumption: no published pageable numbers found).
+    # Pageable speed depends a lot on the host CPU and memory. The 5 us per-transfer latency is an estimate
+    # of cudaMemcpy's fixed cost.
+    Link("pcie3", "PCIe 3.0 x16", 15.75, 0.80, 0.80 * 10.0 / 25.7, 5.0),
+    Link("pcie4", "PCIe 4.0 x16", 31.5, 0.82, 10.0 / 31.5, 5.0),
+    Link("pcie5", "PCIe 5.0 x16", 63.0, 0.85, 0.85 * 10.0 / 25.7, 5.0),
     # NVLink per GPU, per direction = half the datasheet's bidirectional total: V100 300 GB/s, A100 600 GB/s,
     # H100 900 GB/s (datasheets above). Efficiency from nccl-tests all-reduce bus bandwidth on 8-GPU NVLink
     # nodes: A100 reports ~200-235 of 300 GB/s (https://github.com/NVIDIA/nccl-tests/issues/149,
-    # https://github.com/NVIDIA/nccl-tests/issues/100); V100 and H100 are taken as ~0.8 (assumption, same
-    # order as A100). The 2 us per-step latency is an estimate of a peer-to-peer hop.
+    # https://github.com/NVIDIA/nccl-tests/issues/100). H100: NCCL's maintainer gives 370 of 450 GB/s as the
+    # ring bus bandwidth on 8 GPUs (https://github.com/NVIDIA/nccl-tests/issues/212); the model is a ring, so
+    # NVLink SHARP (NVLS, ~480 GB/s busbw) is not modelled. V100 is taken as ~0.8 (assumption, same order).
+    # The 2 us per-step latency is an estimate of a peer-to-peer hop.
     Link("nvlink2", "NVLink 2 (V100)", 150.0, 0.80, 0.80, 2.0),
     Link("nvlink3", "NVLink 3 (A100)", 300.0, 0.77, 0.77, 2.0),
-    Link("nvlink4", "NVLink 4 (H100)", 450.0, 0.80, 0.80, 2.0),
+    Link("nvlink4", "NVLink 4 (H100)", 450.0, 370 / 450, 370 / 450, 2.0),
 ]
 
 GPUS: dict[str, GPU] = {g.key: g for g in _GPU_LIST}

@@ -234,3 +234,14 @@ def test_bad_arguments_get_clear_messages():
         course.emulate(link="nvlink9", force=True)
     with pytest.raises(ValueError, match="gpus must be a whole number of GPUs, 1 or more; got 0"):
         course.emulate(gpus=0, force=True)
+
+
+def test_a_copy_within_a_gpu_moves_its_bytes_twice_not_three_times():
+    with course.emulate(gpus=1) as emu:
+        src = torch.randn(1024, 1024, device="cuda:0")
+        dst = torch.empty(1024, 1024, device="cuda:0")
+        dst.copy_(src)
+        clone = src.clone()
+        copy_event, clone_event = _kernels(emu, "aten::copy_")[0], _kernels(emu, "aten::clone")[0]
+    assert copy_event.bytes == clone_event.bytes == 2 * src.numel() * 4
+    assert copy_event.duration_ns == clone_event.duration_ns
