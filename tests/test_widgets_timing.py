@@ -1,0 +1,47 @@
+"""The notebook helpers: what-if widgets redraw in place; gpu_time_ms times with events."""
+import ipywidgets as widgets
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+import course  # noqa: E402
+from course.timing import gpu_time_ms  # noqa: E402
+from course.widgets import what_if  # noqa: E402
+
+
+def test_what_if_draws_the_default_and_redraws_on_change(monkeypatch):
+    shown = []
+    monkeypatch.setattr("course.widgets.display", lambda obj, display_id=False: shown.append(obj) or _Handle(shown))
+    drawn = []
+
+    def draw(size):
+        drawn.append(size)
+        figure, axes = plt.subplots()
+        axes.plot([0, size])
+        return figure
+
+    box = what_if(draw, size=widgets.IntSlider(value=3, min=1, max=10))
+    assert drawn == [3]
+    box.children[0].value = 7
+    assert drawn == [3, 7]
+    assert isinstance(shown[-1], matplotlib.figure.Figure)
+
+
+class _Handle:
+    def __init__(self, shown):
+        self.shown = shown
+
+    def update(self, obj):
+        self.shown.append(obj)
+
+
+def test_gpu_time_ms_equals_the_kernel_duration():
+    with course.emulate(gpus=1) as emu:
+        a = torch.randn(2048, 2048, device="cuda:0")
+        ms, result = gpu_time_ms(torch.matmul, a, a)
+        kernel = [e for e in emu.trace if e.name == "aten::mm"][0]
+    assert result.shape == (2048, 2048)
+    assert ms * 1e6 >= kernel.duration_ns
+    assert ms * 1e6 <= kernel.duration_ns + 2 * course.costs.HOST_LAUNCH_NS
