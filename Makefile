@@ -13,7 +13,7 @@ LAB_ARGS ?=
 ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test test-quick benchmark student clean
+.PHONY: help setup lab test test-quick benchmark student validate clean
 
 help: ## list the targets
 	@echo "Targets:"
@@ -46,17 +46,24 @@ benchmark: setup ## run every benchmarks/*.py
 		echo "== $$f"; $(PY) "$$f"; \
 	done; [ -n "$$found" ] || echo "no benchmarks/*.py yet"
 
-# nbgrader: solutions/<chapter>/*.ipynb (instructor source) -> notebooks/<chapter>/ (student versions).
+# nbgrader reads nbgrader_config.py: solutions/<chapter>/ (instructor source) -> notebooks/<chapter>/.
+NBGRADER = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nbgrader
+# Hidden tests import the reference implementations from autograder/references: on the path only
+# when grading or validating, never in the learners' JupyterLab.
+GRADING_ENV = PYTHONPATH="$(CURDIR)/autograder" MPLBACKEND=Agg
+CHAPTERS = $(notdir $(patsubst %/,%,$(wildcard solutions/*/)))
+
 student: setup ## generate the student notebooks/ from solutions/ (nbgrader generate_assignment)
-	@set -e; found=; for d in solutions/*/; do \
-		[ -d "$$d" ] || continue; found=1; a=$$(basename "$$d"); \
+	@set -e; for a in $(CHAPTERS); do \
+		echo "== $$a"; $(NBGRADER) generate_assignment "$$a" --force --log-level=WARN; \
+	done
+
+validate: setup ## solutions pass their tests; untouched student notebooks fail every test
+	@set -e; for a in $(CHAPTERS); do \
 		echo "== $$a"; \
-		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nbgrader generate_assignment "$$a" --force \
-			--CourseDirectory.root="$(CURDIR)" \
-			--CourseDirectory.source_directory=solutions \
-			--CourseDirectory.release_directory=notebooks \
-			--CourseDirectory.db_url="sqlite:///$(CURDIR)/autograder/gradebook.db"; \
-	done; [ -n "$$found" ] || echo "no solutions/<chapter>/ yet"
+		$(GRADING_ENV) $(NBGRADER) validate solutions/$$a/$$a.ipynb; \
+		$(GRADING_ENV) $(NBGRADER) validate --invert notebooks/$$a/$$a.ipynb; \
+	done
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache *.egg-info build
