@@ -309,13 +309,36 @@ def _crosses_devices(tensors) -> bool:
     return len(devices) > 1
 
 
+_FLOPS_BY_SHAPE: dict = {}
+
+
+def _shape_key(value):
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if type(value) in (list, tuple):
+        return tuple(_shape_key(v) for v in value)
+    return value
+
+
+def _flops(func, args, kwargs, out) -> int:
+    """FLOPs depend on shapes only, and a training loop repeats the same shapes: count each once."""
+    key = (func, _shape_key(args), _shape_key(tuple(sorted(kwargs.items()))))
+    try:
+        return _FLOPS_BY_SHAPE[key]
+    except KeyError:
+        flops = _FLOPS_BY_SHAPE[key] = costs.op_flops(func, args, kwargs, out)
+        return flops
+    except TypeError:  # an unhashable argument: count it every time
+        return costs.op_flops(func, args, kwargs, out)
+
+
 def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
     """Roofline cost of the op on the preset GPU, queued on the device's current stream."""
     bytes_written = sum(_tensor_nbytes(o) for o in flat_out if isinstance(o, torch.Tensor))
     dtype = next((o.dtype for o in flat_out if isinstance(o, torch.Tensor)), torch.float32)
     flops, allow_tf32 = 0, False
     if info.tensor_cores:
-        flops = costs.op_flops(func, args, kwargs, out)
+        flops = _flops(func, args, kwargs, out)
         if dtype is torch.float32:
             allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
                           else torch.backends.cuda.matmul.allow_tf32)
