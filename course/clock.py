@@ -100,6 +100,11 @@ class Clock:
                 )
             return end
 
+    def record(self, events) -> None:
+        """Add events computed elsewhere (e.g. the symmetric ranks of a simulated DDP step)."""
+        with self.lock:
+            self._events.extend(events)
+
     def host_wait(self, until_ns: int, reason: str) -> None:
         """Block the host until `until_ns`, recording the idle wait on the host lane."""
         with self.lock:

@@ -73,8 +73,11 @@ class Emulator:
 
     # -- switching on and off -------------------------------------------------------------------
     def start(self) -> "Emulator":
-        if devices.active is not None:
-            raise RuntimeError("A course.emulate() block is already active; stop it before starting another.")
+        """Switch the emulator on. Inside another emulator it is a separate machine until it stops
+        (tensors of the two should not meet); the outer one comes back then."""
+        if self._mode is not None:
+            raise RuntimeError("This emulator is already started; call stop() before starting it again.")
+        self._outer = devices.active
         self._patch(torch.cuda, cuda_api.PATCHES)
         self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
@@ -98,7 +101,7 @@ class Emulator:
             return
         self._mode.__exit__(None, None, None)
         self._mode = None
-        devices.active = None
+        devices.active = self._outer
         torch.__future__.set_swap_module_params_on_conversion(self._swap_before)
         for module, name, original in reversed(self._saved):
             setattr(module, name, original)

@@ -190,8 +190,12 @@ def test_start_and_stop_span_notebook_cells():
     emulator = course.emulate(gpus=2).start()
     try:
         assert torch.ones(1, device="cuda:1").device.index == 1
-        with pytest.raises(RuntimeError, match="already active"):
-            course.emulate(gpus=2, force=True).start()
+        with pytest.raises(RuntimeError, match="already started"):
+            emulator.start()
+        with course.emulate(gpus=3, gpu="H100") as inner:
+            assert torch.cuda.device_count() == 3 and torch.cuda.get_device_name() == inner.gpu.name
+        assert torch.cuda.device_count() == 2  # the outer machine is back
+        assert torch.ones(1, device="cuda:1").device.index == 1
     finally:
         emulator.stop()
     assert not torch.cuda.is_available()

@@ -1,0 +1,207 @@
+"""DDP on real torch.distributed against one process on the concatenated batch, and the simulated DDP timing."""
+import functools
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from autograder.references.ddp import ring_all_reduce
+from course import costs, hardware
+from course.ddp import (ddp_scaling, run_processes, run_threads, simulate_ddp_step, train_data_parallel,
+                        train_single_process)
+from course.ranks import RankFailed, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_FEATURES = 6
+
+
+def make_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(NUM_FEATURES, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def make_mlp_with_frozen_first_layer() -> nn.Module:
+    model = make_mlp()
+    model[0].requires_grad_(False)
+    return model
+
+
+class WithUnusedBranch(nn.Module):
+    """A layer forward never calls: DDP must be told (find_unused_parameters) or backward would wait for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = make_mlp(), nn.Linear(NUM_FEATURES, 3)
+
+    def forward(self, inputs):
+        return self.used(inputs)
+
+
+def make_rank_batches(steps_per_rank, batch_size=4, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return [[(torch.randn(batch_size, NUM_FEATURES, generator=generator),
+              torch.randn(batch_size, 3, generator=generator)) for _ in range(steps)]
+            for steps in steps_per_rank]
+
+
+def assert_same_parameters(results, reference):
+    for rank_params in results:
+        assert rank_params.keys() == reference.keys()
+        for name, value in reference.items():
+            torch.testing.assert_close(rank_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# -- correctness on real torch.distributed ----------------------------------------------------
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_in_threads_matches_one_process_on_the_concatenated_batch(world_size):
+    batches = make_rank_batches([3] * world_size)
+    results = run_threads(train_data_parallel, world_size, make_mlp, batches, timeout_s=30)
+    assert_same_parameters(results, train_single_process(make_mlp, batches))
+    assert not torch.equal(results[0]["0.weight"], make_mlp().state_dict()["0.weight"])
+
+
+def test_uneven_inputs_with_join_match_one_process():
+    """Ranks with 3, 2 and 1 batches: join() shadows the missing all-reduces instead of hanging."""
+    batches = make_rank_batches([3, 2, 1])
+    results = run_threads(train_data_parallel, 3, make_mlp, batches, timeout_s=30)
+    assert_same_parameters(results, train_single_process(make_mlp, batches))
+
+
+def test_frozen_layer_is_skipped_by_ddp_and_left_unchanged():
+    batches = make_rank_batches([2, 2])
+    results = run_threads(train_data_parallel, 2, make_mlp_with_frozen_first_layer, batches, timeout_s=30)
+    assert_same_parameters(results, train_single_process(make_mlp_with_frozen_first_layer, batches))
+    torch.testing.assert_close(results[0]["0.weight"], make_mlp().state_dict()["0.weight"], rtol=0, atol=0)
+
+
+def test_unused_parameters_need_find_unused_parameters():
+    batches = make_rank_batches([2, 2])
+    with pytest.raises(RankFailed, match="find_unused_parameters=True"):
+        run_threads(train_data_parallel, 2, WithUnusedBranch, batches, timeout_s=30)
+    finding_them = functools.partial(train_data_parallel, find_unused_parameters=True)
+    results = run_threads(finding_them, 2, WithUnusedBranch, batches, timeout_s=30)
+    assert_same_parameters(results, train_single_process(WithUnusedBranch, batches))
+
+
+def test_hand_written_gradient_averaging_equals_ddp():
+    batches = make_rank_batches([3, 3])
+    by_hand = run_threads(train_data_parallel, 2, make_mlp, batches, 0.1, True, timeout_s=30)
+    with_ddp = run_threads(train_data_parallel, 2, make_mlp, batches, timeout_s=30)
+    assert_same_parameters(by_hand, with_ddp[0])
+
+
+def ddp_then_ring_all_reduce(rank, world_size, batches, num_elements):
+    """One gloo job for two tests: starting processes costs seconds each (every rank imports torch)."""
+    params = train_data_parallel(rank, world_size, make_mlp, batches)
+    mine = torch.randn(num_elements, generator=torch.Generator().manual_seed(rank))
+    by_library = mine.clone()
+    dist.all_reduce(by_library)
+    return params, ring_all_reduce(mine.clone()), by_library
+
+
+@pytest.fixture(scope="module")
+def gloo_job():
+    batches = make_rank_batches([3, 3, 3])
+    return batches, run_processes(ddp_then_ring_all_reduce, 3, batches, 11, timeout_s=90)
+
+
+def test_ddp_in_gloo_processes_matches_one_process_on_the_concatenated_batch(gloo_job):
+    batches, results = gloo_job
+    assert_same_parameters([params for params, _, _ in results], train_single_process(make_mlp, batches))
+
+
+def test_ring_all_reduce_from_send_and_recv_equals_dist_all_reduce(gloo_job):
+    """11 elements over 3 ranks: chunks of unequal size, as tensor_split makes them."""
+    for _, by_ring, by_library in gloo_job[1]:
+        torch.testing.assert_close(by_ring, by_library)
+
+
+def test_torchrun_script_matches_its_single_process_reference():
+    script = REPO / "scripts" / "ddp_train.py"
+    spec = importlib.util.spec_from_file_location("ddp_train", script)
+    ddp_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ddp_train)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run = subprocess.run([str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script)],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"rank 1/2 epoch 1 step \d+ loss", run.stdout)
+    checksum = float(re.search(r"^checksum (\S+)$", run.stdout, re.MULTILINE).group(1))
+    reference = ddp_train.train_single_process(world_size=2, epochs=2, batch_size=8, lr=0.05)
+    assert checksum == pytest.approx(reference, rel=1e-5)
+
+
+# -- simulated timing --------------------------------------------------------------------------
+def wide_mlp() -> nn.Module:
+    """16 MB of fp32 gradients per layer for little compute: communication-heavy."""
+    return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)])
+
+
+def real_ddp_rebuilt_bucket_sizes(rank, world_size, make_model, bucket_cap_mb):
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    model = DistributedDataParallel(make_model(), **options)
+    for _ in range(3):  # buckets are rebuilt in iteration 2, and logged from iteration 3
+        model(torch.randn(2, 2048)).square().mean().backward()
+    sizes = model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+    return [int(size) for size in sizes.split(", ")]
+
+
+def test_simulation_is_deterministic():
+    first, second = (simulate_ddp_step(wide_mlp, (8, 2048), 4) for _ in range(2))
+    assert first.trace == second.trace
+    assert (first.step_ms, first.buckets) == (second.step_ms, second.buckets)
+    assert ddp_scaling(wide_mlp, (8, 2048), gpu_counts=(1, 2)) == ddp_scaling(wide_mlp, (8, 2048), gpu_counts=(1, 2))
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 20, 40])
+def test_buckets_are_those_real_ddp_builds_from_iteration_two(bucket_cap_mb):
+    real = run_threads(real_ddp_rebuilt_bucket_sizes, 2, wide_mlp, bucket_cap_mb, timeout_s=30)[0]
+    simulated = simulate_ddp_step(wide_mlp, (8, 2048), 2, bucket_cap_mb=bucket_cap_mb)
+    assert [bucket.nbytes for bucket in simulated.buckets] == real
+
+
+def test_each_bucket_all_reduce_takes_the_ring_cost_of_its_bytes():
+    step = simulate_ddp_step(wide_mlp, (8, 2048), 4, link="pcie4", bucket_cap_mb=20)
+    link = hardware.link("pcie4")
+    assert len(step.buckets) > 1
+    for bucket in step.buckets:
+        assert bucket.allreduce_start_ns >= bucket.ready_ns
+        assert bucket.allreduce_end_ns - bucket.allreduce_start_ns == costs.ring_allreduce_ns(link, bucket.nbytes, 4)
+    collectives = [e for e in step.trace if e.kind == "collective"]
+    assert len(collectives) == 4 * len(step.buckets)
+
+
+def test_all_reduce_overlaps_backward_and_every_gpu_shows_the_compute():
+    step = simulate_ddp_step(wide_mlp, (64, 2048), 4, bucket_cap_mb=20)
+    assert step.step_ms < step.compute_ms + step.comm_ms
+    assert step.exposed_comm_ms < step.comm_ms
+    kernels = {f"cuda:{d}": [(e.name, e.start_ns) for e in step.trace if e.kind == "kernel" and e.device == f"cuda:{d}"]
+               for d in range(4)}
+    assert kernels["cuda:0"] and all(lane == kernels["cuda:0"] for lane in kernels.values())
+
+
+def test_exposed_communication_is_larger_on_pcie_than_nvlink():
+    nvlink = simulate_ddp_step(wide_mlp, (8, 2048), 4, link="nvlink3")
+    pcie = simulate_ddp_step(wide_mlp, (8, 2048), 4, link="pcie4")
+    assert pcie.exposed_comm_ms > nvlink.exposed_comm_ms
+
+
+def test_one_gpu_has_no_collective():
+    step = simulate_ddp_step(wide_mlp, (8, 2048), 1)
+    assert step.buckets == [] and step.comm_ms == 0
+    assert not [e for e in step.trace if e.kind == "collective"]
+
+
+def test_weak_scaling_efficiency_drops_with_more_gpus_on_pcie():
+    rows = ddp_scaling(wide_mlp, (8, 2048), gpu_counts=(1, 2, 4, 8), links=("pcie4",))
+    assert [row["gpus"] for row in rows] == [1, 2, 4, 8]
+    assert rows[0]["speedup"] == rows[0]["efficiency"] == 1.0
+    efficiencies = [row["efficiency"] for row in rows]
+    assert efficiencies == sorted(efficiencies, reverse=True) and efficiencies[-1] < efficiencies[1]

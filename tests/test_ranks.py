@@ -1,0 +1,99 @@
+"""Running ranks: threads on torch's threaded process group, processes on gloo, and their failures."""
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import course
+from course.ranks import RankFailed, default_backend, run_processes, run_threads
+
+
+def all_reduce_rank_plus_one(rank, world_size):
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value)
+    print(f"hello from rank {rank} of {world_size}")
+    return value.item()
+
+
+def rank_one_raises(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one cannot continue")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a rank that has failed
+
+
+def test_threaded_process_group_still_works_on_this_torch():
+    """run_threads relies on torch's testing-only threaded process group: fail loudly if an upgrade broke it."""
+    try:
+        results = run_threads(all_reduce_rank_plus_one, 2, timeout_s=20)
+    except Exception as error:
+        pytest.fail(f"torch {torch.__version__} broke the threaded process group that course/ranks.py "
+                    f"uses (torch.testing._internal.distributed.multi_threaded_pg): {error!r}. Fix "
+                    "run_threads there; notebooks can fall back to run_processes meanwhile.")
+    assert results == [3.0, 3.0]
+
+
+def test_run_threads_returns_results_in_rank_order_and_can_run_again():
+    expected = float(sum(range(1, 4)))
+    assert run_threads(all_reduce_rank_plus_one, 3, timeout_s=20) == [expected] * 3
+    assert run_threads(lambda rank, world_size: (rank, world_size), 3, timeout_s=20) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_run_threads_failing_rank_is_named_and_the_others_do_not_hang():
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 of 2 failed with ValueError: rank one cannot continue"):
+        run_threads(rank_one_raises, 2, timeout_s=30)
+    assert time.monotonic() - started < 10
+    assert run_threads(all_reduce_rank_plus_one, 2, timeout_s=20) == [3.0, 3.0]
+
+
+def test_run_threads_times_out_on_a_collective_one_rank_never_calls():
+    def only_rank_zero_reduces(rank, world_size):
+        if rank == 0:
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\] of 2 did not finish within timeout_s=1"):
+        run_threads(only_rank_zero_reduces, 2, timeout_s=1)
+    assert run_threads(all_reduce_rank_plus_one, 2, timeout_s=20) == [3.0, 3.0]
+
+
+def test_run_threads_explains_that_send_and_recv_need_processes():
+    def send_to_rank_one(rank, world_size):
+        if rank == 0:
+            dist.send(torch.ones(1), 1)
+
+    with pytest.raises(RankFailed, match="run_processes"):
+        run_threads(send_to_rank_one, 2, timeout_s=10)
+
+
+def test_run_processes_returns_results_and_prefixes_each_rank_output(capsys):
+    assert run_processes(all_reduce_rank_plus_one, 2, timeout_s=60) == [3.0, 3.0]
+    output = capsys.readouterr().out
+    assert "[rank 0] hello from rank 0 of 2" in output
+    assert "[rank 1] hello from rank 1 of 2" in output
+
+
+def test_run_processes_failing_rank_is_named_and_the_others_are_stopped():
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match=r"(?s)rank 1 of 2 failed.*ValueError: rank one cannot continue"):
+        run_processes(rank_one_raises, 2, timeout_s=60)
+    assert time.monotonic() - started < 30
+
+
+def test_run_processes_refuses_functions_a_new_process_cannot_import():
+    def defined_in_a_cell(rank, world_size):
+        return rank
+
+    defined_in_a_cell.__module__ = "__main__"
+    defined_in_a_cell.__qualname__ = "defined_in_a_cell"
+    with pytest.raises(ValueError, match=r"(?s)\.py file.*run_threads"):
+        run_processes(defined_in_a_cell, 2)
+    with pytest.raises(ValueError, match="run_threads"):
+        run_processes(lambda rank, world_size: rank, 2)
+
+
+def test_default_backend_is_gloo_without_real_gpus():
+    expected = "nccl" if torch.cuda.is_available() else "gloo"
+    assert default_backend() == expected
+    with course.emulate(gpus=2, force=True):
+        assert default_backend() == "gloo"
