@@ -130,9 +130,12 @@ def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
     Tensors travel in buffers of about `buffer_size` bytes, one NCCL reduce per buffer.
     """
     emu = current_emulator("torch.cuda.comm.reduce_add_coalesced")
-    positions = list(zip(*inputs))
+    # Autograd makes the zero gradients of replicas whose outputs went unused as plain CPU
+    # tensors (their C++ device is the CPU): they add nothing and take no part in the transfer.
+    positions = [[t for t in position if isinstance(t, EmulatedTensor) or t.dim() > 0 and t.any()]
+                 for position in zip(*inputs)]
     for position in positions:
-        devices = _check_collective("reduce_add", list(position))
+        devices = _check_collective("reduce_add", position)
     destination = devices[0] if destination is None else _gpu_index(destination)
     lanes = sorted(set(devices) | ({destination} - {CPU}))
     results, group, group_bytes = [], [], 0

@@ -202,8 +202,8 @@ def handle_torch_function(func, args, kwargs):
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
-    if device is not None and not (isinstance(device, str) and device.startswith("cpu")):
-        if isinstance(device, int) or torch.device(device).type != "cpu":
+    if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
+        if isinstance(device, int) or torch.device(device).type not in ("cpu", "meta"):
             return _create_on_device(func, device, args, dict(kwargs))
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)

@@ -56,7 +56,7 @@ def plot_schedule(stages: int, micro_batches: int, ax=None):
 
     slots = stages + micro_batches - 1
     if ax is None:
-        _, ax = plt.subplots(figsize=(min(12, 1.5 + 0.5 * slots), 0.9 + 0.5 * stages), layout="constrained")
+        _, ax = plt.subplots(figsize=(min(12, max(6.5, 1.5 + 0.5 * slots)), 1.2 + 0.5 * stages), layout="constrained")
     colours = plt.get_cmap("tab20")
     busy = {(s, t) for s, _, t in gpipe_schedule(stages, micro_batches)}
     for s, i, t in gpipe_schedule(stages, micro_batches):
@@ -70,7 +70,7 @@ def plot_schedule(stages: int, micro_batches: int, ax=None):
     ax.set_ylim(stages - 0.5, -0.5)
     ax.set_xlim(0, slots)
     ax.set_xlabel("time slot (one micro-batch through one stage)")
-    ax.set_title(f"GPipe forward, {stages} stages x {micro_batches} micro-batches: "
+    ax.set_title(f"GPipe forward, {stages} stages x {micro_batches} micro-batches:\n"
                  f"{len(idle)} of {stages * slots} cells idle ({100 * len(idle) / (stages * slots):.1f}%)")
     return ax.figure
 

@@ -293,3 +293,25 @@ def test_seed_002_tiles_one_per_gpu_run_and_give_the_whole_image_shape():
         assert tiled.shape == whole.shape
         interior = (slice(None), slice(None), slice(2, 6), slice(2, 6))  # far from the seams
         torch.testing.assert_close(tiled.cpu()[interior], whole[interior])
+
+
+def test_data_parallel_from_primitives_with_fewer_rows_than_gpus():
+    """Seed 001's data_parallel replicates to every GPU but uses only as many replicas as chunks:
+    the unused replicas' zero gradients (made by autograd on the CPU) must not break backward."""
+    model, x = nn.Linear(6, 4), torch.randn(3, 6)
+    expected_out, expected_grads = _reference(model, x)
+    with course.emulate(gpus=4):
+        on_gpu = copy.deepcopy(model).to("cuda:0")
+        out = seed_001_data_parallel(on_gpu, x.to("cuda:0"), [0, 1, 2, 3])
+        (out ** 2).sum().backward()
+        for param, expected in zip(on_gpu.parameters(), expected_grads):
+            torch.testing.assert_close(param.grad.cpu(), expected)
+
+
+def test_meta_tensors_stay_meta_inside_the_emulator():
+    with course.emulate(gpus=2):
+        with torch.device("meta"):
+            layer = nn.Linear(1024, 1024)
+        assert layer.weight.is_meta
+        layer.to_empty(device="cuda:1")
+        assert layer.weight.device == torch.device("cuda", 1)

@@ -1,0 +1,42 @@
+"""Reference answers for chapter 1, "Devices, transfers and asynchronous execution" (hidden from learners)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+import course
+from course.timing import gpu_time_ms
+
+
+def time_on_gpu(fn, *args) -> float:
+    """Milliseconds of GPU time fn(*args) takes on the current device: events, with a synchronise on each side."""
+    return gpu_time_ms(fn, *args)[0]
+
+
+def move_batch(batch: dict, device) -> dict:
+    """Every tensor of batch on device, copied from pinned memory without blocking the host."""
+    return {name: tensor.pin_memory().to(device, non_blocking=True) for name, tensor in batch.items()}
+
+
+def effective_bandwidth_gbps(nbytes: int, ms: float) -> float:
+    """Bytes per nanosecond, which is GB/s (1 GB = 1e9 bytes)."""
+    return nbytes / (ms * 1e6)
+
+
+def pinned_copy_ms(nbytes: int, host_link: str = "pcie4") -> float:
+    """Simulated ms of one pinned host-to-GPU copy of nbytes, measured with CUDA events."""
+    with course.emulate(force=True, gpus=1, host_link=host_link, materialize=False):
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        return time_on_gpu(lambda: host.to("cuda:0", non_blocking=True))
+
+
+class DistributedModel(nn.Module):
+    """Seed 001's model: an embedding on the CPU, a linear layer on cuda:0."""
+
+    def __init__(self, num_embeddings=1000, embedding_dim=10, out_features=10):
+        super().__init__()
+        self.embedding = nn.Embedding(num_embeddings, embedding_dim)
+        self.rnn = nn.Linear(embedding_dim, out_features).cuda(0)
+
+    def forward(self, x):
+        return self.rnn(self.embedding(x).cuda(0))

@@ -1,0 +1,48 @@
+"""Reference answers for the latency-vs-throughput notebook (chapter 7; hidden from learners, see autograder/README.md)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def serving_metrics(arrival_ms, done_ms) -> dict:
+    """Latency of each request is done - arrival; throughput is requests per second over the whole span."""
+    latencies = [done - arrival for arrival, done in zip(arrival_ms, done_ms)]
+    span_ms = max(done_ms) - min(arrival_ms)
+    return {"mean_latency_ms": sum(latencies) / len(latencies), "max_latency_ms": max(latencies),
+            "throughput_per_s": len(latencies) / span_ms * 1e3}
+
+
+def tensor_parallel_forward(x, blocks):
+    """MLP blocks gelu(x W1) W2 with W1 split by columns and W2 by rows over GPUs 0..t-1; one all-reduce per block.
+
+    `blocks` is a list of (W1_shards, W2_shards); x starts on cuda:0 and is broadcast once; returns the
+    output on cuda:0.
+    """
+    num_gpus = len(blocks[0][0])
+    xs = torch.cuda.comm.broadcast(x, list(range(num_gpus)))
+    for W1_shards, W2_shards in blocks:
+        partials = [F.gelu(xi @ w1) @ w2 for xi, w1, w2 in zip(xs, W1_shards, W2_shards)]
+        torch.cuda.nccl.all_reduce(partials)
+        xs = partials
+    return xs[0]
+
+
+def best_serving_config(latency_ms, target_ms, batch_sizes, tp_degrees, total_gpus):
+    """(batch, tp) with the highest throughput whose latency meets the target, or None.
+
+    `total_gpus // tp` replicas each serve `batch` requests per `latency_ms(batch, tp)`. Ties go to the
+    smaller tp, then the smaller batch. Degrees that do not divide total_gpus use only the whole replicas.
+    """
+    best, best_key = None, None
+    for tp in sorted(tp_degrees):
+        if tp > total_gpus:
+            continue
+        for batch in sorted(batch_sizes):
+            latency = latency_ms(batch, tp)
+            if latency > target_ms:
+                continue
+            throughput = (total_gpus // tp) * batch / latency
+            if best_key is None or throughput > best_key:
+                best, best_key = (batch, tp), throughput
+    return best
