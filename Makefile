@@ -32,10 +32,14 @@ setup: $(STAMP) ## create .venv and install the course with all dependencies
 
 lab: setup ## open the course in JupyterLab (the URL is printed below)
 	@echo "Starting JupyterLab on notebooks/; open the http://localhost:8888/lab?token=... URL printed below."
-	$(VENV)/bin/jupyter lab notebooks/ $(ROOT_ARGS) $(LAB_ARGS)
+	cd notebooks && ../$(VENV)/bin/jupyter lab README.md $(ROOT_ARGS) $(LAB_ARGS)
 
-test: setup ## run the tests
+# nbval re-runs every solution notebook and compares its outputs (hidden tests need autograder/).
+NBVAL = $(GRADING_ENV) $(PY) -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
+
+test: setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
 	$(PY) -m pytest -q
+	$(NBVAL)
 
 test-quick: setup ## run the fast tests, stop at the first failure
 	$(PY) -m pytest -q -m "not slow" -x
