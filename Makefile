@@ -13,7 +13,7 @@ LAB_ARGS ?=
 ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test test-quick benchmark student validate clean
+.PHONY: help setup lab test test-quick benchmark student validate clean release collect autograde feedback grades
 
 help: ## list the targets
 	@echo "Targets:"
@@ -41,8 +41,9 @@ test: setup ## run the tests: unit tests, notebooks through nbgrader, a browser,
 	$(PY) -m pytest -q
 	$(NBVAL)
 
-test-quick: setup ## run the fast tests, stop at the first failure
-	$(PY) -m pytest -q -m "not slow" -x
+test-quick: setup ## the emulator's unit tests only (no notebooks, browser or processes), stop at the first failure
+	$(PY) -m pytest -q -x -m "not slow" --ignore=tests/test_notebooks.py --ignore=tests/test_browser.py \
+		--ignore=tests/test_ddp.py --ignore=tests/test_ranks.py
 
 benchmark: setup ## run every benchmarks/*.py
 	@set -e; found=; for f in benchmarks/*.py; do \
@@ -68,6 +69,27 @@ validate: setup ## solutions pass their tests; untouched student notebooks fail 
 		$(GRADING_ENV) $(NBGRADER) validate solutions/$$a/$$a.ipynb; \
 		$(GRADING_ENV) $(NBGRADER) validate --invert notebooks/$$a/$$a.ipynb; \
 	done
+
+# Grading a workshop (autograder/README.md): release -> collect -> autograde -> feedback -> grades.
+PIPELINE = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m autograder.pipeline
+JOBS ?= 2
+ZIP ?=
+
+release: setup ## student notebooks in notebooks/ and autograder/release.zip for an LMS
+	$(PIPELINE) release
+
+collect: setup ## unpack an LMS export: make collect ZIP=path/to/export.zip
+	@test -n "$(ZIP)" || { echo "usage: make collect ZIP=path/to/export.zip"; exit 2; }
+	$(PIPELINE) collect "$(ZIP)"
+
+autograde: setup ## grade new/changed submissions, sandboxed, JOBS=2 at a time (UNSAFE_NO_SANDBOX=1 opts out)
+	$(PIPELINE) autograde --jobs $(JOBS) $(if $(UNSAFE_NO_SANDBOX),--no-sandbox)
+
+feedback: setup ## feedback HTML per student in autograder/feedback/ (hidden tests removed)
+	$(PIPELINE) feedback
+
+grades: setup ## autograder/grades.csv: score, max score and status per student and assignment
+	$(PIPELINE) grades
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache *.egg-info build
