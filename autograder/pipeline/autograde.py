@@ -1,0 +1,310 @@
+"""Autograde every submission under autograder/submitted/, two at a time, each kernel in its own sandbox.
+
+nbgrader's `autograde` runs the kernel in-process with the gradebook next to it and grades one notebook at a
+time; here its own preprocessors are split around a sandboxed execution:
+  outside, before:  ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells(add_missing_cells),
+                    CheckCellMetadata  (test cells restored from the gradebook; deleted ones put back)
+  inside:           the cells run one by one in a sandboxed kernel (sandbox.py), guard.py loaded first
+  outside, after:   guard verdicts applied (tampered / not-run test cells get an error output), then
+                    IgnorePattern, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata
+Only the parent process writes the gradebook (serialized, no sqlite lock fights). A submission whose files
+(and the chapter's source) are unchanged since its last grading is skipped; SaveAutoGrades only ever sets
+auto_score, so manual grades survive re-runs.
+"""
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from . import AUTOGRADED, COURSE, COURSE_ID, ROOT, DB_URL, REFERENCES, SOLUTIONS, STATE, SUBMITTED, chapters, sandbox, scan
+
+VERSION = "1"  # bump to regrade everything after a change to the pipeline itself
+JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store"}
+
+
+def load_state() -> dict:
+    try:
+        return json.loads(STATE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(state: dict) -> None:
+    tmp = STATE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    tmp.replace(STATE)
+
+
+def fingerprint(folder: Path, assignment: str) -> str:
+    """Hash of every submitted file plus the chapter source: what decides whether a grade is stale."""
+    h = hashlib.sha256(VERSION.encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not JUNK & set(p.parts)):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update((SOLUTIONS / assignment / f"{assignment}.ipynb").read_bytes())
+    return h.hexdigest()
+
+
+def submissions() -> list[tuple[str, str]]:
+    if not SUBMITTED.is_dir():
+        return []
+    return sorted((s.name, a.name) for s in SUBMITTED.iterdir() if s.is_dir() and not s.name.startswith(".")
+                  for a in s.iterdir() if a.is_dir() and not a.name.startswith("."))
+
+
+def _resources(student: str, assignment: str) -> dict:
+    return {"nbgrader": {"db_url": DB_URL, "assignment": assignment, "notebook": assignment, "student": student},
+            "metadata": {"path": str(COURSE)}}
+
+
+def _run_preprocessors(nb, resources, classes):
+    for cls in classes:
+        nb, resources = cls().preprocess(nb, resources)
+    return nb, resources
+
+
+def register(student: str, assignment: str) -> None:
+    """Student and submission rows, with the submission time if the LMS export gave one (own session)."""
+    from nbgrader.api import Gradebook
+    stamp = SUBMITTED / student / assignment / "timestamp.txt"
+    kwargs = {"timestamp": stamp.read_text().strip()} if stamp.exists() else {}
+    with Gradebook(DB_URL, COURSE_ID) as gb:
+        gb.update_or_create_student(student)
+        gb.update_or_create_submission(assignment, student, **kwargs)
+
+
+def prepare(student: str, assignment: str, job: Path, slot: int, cell_timeout: int):
+    """Sanitized notebook + sandbox folders in job/; returns (None, flags) or ('failed: ...', flags)."""
+    import nbformat
+    from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells,
+                                        OverwriteKernelspec)
+    folder = SUBMITTED / student / assignment
+    path = folder / f"{assignment}.ipynb"
+    if not path.exists():
+        others = sorted(p.name for p in folder.rglob("*.ipynb") if not JUNK & set(p.parts))
+        return (f"failed: misnamed notebook (found {', '.join(others)}; expected {path.name})" if others
+                else "failed: missing notebook"), []
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        if not isinstance(nb.cells, list):
+            raise ValueError("no cells")
+    except Exception as e:  # any parse/validation error is a corrupt notebook, reported, never a 0
+        return f"failed: corrupt notebook ({type(e).__name__})", []
+    flags = scan.suspicious(nb)
+    OverwriteCells.add_missing_cells = True  # restore deleted test cells too (class-level: no config object)
+    try:
+        nb, _ = _run_preprocessors(nb, _resources(student, assignment),
+                                   [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,
+                                    CheckCellMetadata])
+    except Exception as e:
+        return f"failed: corrupt notebook ({type(e).__name__}: {str(e)[:80]})", flags
+    tests = [c.source for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
+    nonce = "GRADER-" + secrets.token_hex(16)
+    uid = sandbox.UID_BASE + slot
+    for d in ("work", "kernel", "guard", "ipython/profile_default/startup"):
+        (job / d).mkdir(parents=True, exist_ok=True)
+    for src in (folder, SOLUTIONS / assignment):  # files next to the notebook; master files win
+        for extra in src.iterdir():
+            if extra.suffix != ".ipynb" and extra.name not in JUNK and extra.name != "timestamp.txt":
+                if extra.is_dir():
+                    shutil.copytree(extra, job / "work" / extra.name, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(extra, job / "work" / extra.name)
+    if MPL_CACHE.is_dir():
+        shutil.copytree(MPL_CACHE, job / "work" / ".mpl", dirs_exist_ok=True)
+    shutil.copy(Path(__file__).with_name("guard.py"), job / "ipython/profile_default/startup/00-grader-guard.py")
+    refs = {"references": (REFERENCES / "__init__.py").read_text()}
+    refs.update({f"references.{p.stem}": p.read_text() for p in REFERENCES.glob("*.py") if p.stem != "__init__"})
+    (job / "guard" / "guard.json").write_text(json.dumps(
+        {"nonce": nonce, "tests": [hashlib.sha256(t.encode()).hexdigest() for t in tests], "references": refs}))
+    nbformat.write(nb, job / "prepared.ipynb")
+    (job / "job.json").write_text(json.dumps({"slot": slot, "cell_timeout": cell_timeout, "nonce": nonce}))
+    os.chmod(job, 0o755)
+    if os.geteuid() == 0:
+        for d in ("work", "kernel", "guard", "ipython"):
+            for p in [job / d, *(job / d).rglob("*")]:
+                os.lchown(p, uid, uid)
+    return None, flags
+
+
+MPL_CACHE = Path(tempfile.gettempdir()) / "mgpu-grading-mpl-cache"
+
+
+def warm_matplotlib() -> None:
+    """Build matplotlib's font cache once; each sandbox gets a copy (else every kernel rebuilds it)."""
+    if not (MPL_CACHE / "done").exists():
+        MPL_CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", "import matplotlib.pyplot"], env=dict(os.environ, MPLCONFIGDIR=str(MPL_CACHE),
+                       MPLBACKEND="Agg"), capture_output=True, timeout=300)
+        (MPL_CACHE / "done").touch()
+
+
+def execute(job: Path, wall_timeout: int) -> dict:
+    """Run the sandbox worker process; its own failures become a status, never an exception."""
+    cmd = [sys.executable, "-m", "autograder.pipeline.sandbox", str(job)]
+    try:
+        subprocess.run(cmd, cwd=ROOT, timeout=wall_timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    except subprocess.TimeoutExpired:
+        return {"status": "failed: timeout (whole notebook)", "failed_cell": None}
+    try:
+        return json.loads((job / "result.json").read_text())
+    except (OSError, ValueError):
+        return {"status": "failed: sandbox error (worker crashed)", "failed_cell": None}
+
+
+def apply_verdicts(nb, nonce: str, status: str) -> list[str]:
+    """Zero tampered or unexecuted test cells (an error output first), strip guard markers; return flags."""
+    import nbformat
+    flags = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        is_test = cell.metadata.get("nbgrader", {}).get("grade", False)
+        verdicts = []
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream" and nonce in out.text:
+                lines = out.text.split("\n")
+                verdicts += [ln.split(nonce, 1)[1].strip() for ln in lines if nonce in ln]
+                out.text = "\n".join(ln for ln in lines if nonce not in ln)
+                if not out.text.strip():
+                    continue
+            if is_test and out.output_type == "execute_result":
+                continue  # tests here never give partial credit; a learner-made result must not fake one
+            kept.append(out)
+        cell.outputs = kept
+        if not is_test:
+            continue
+        grade_id = cell.metadata["nbgrader"].get("grade_id", "?")
+        why = None
+        if cell.get("execution_count") is None:
+            why = f"not run ({status})"
+        elif not verdicts:
+            why = "tampering: the grader's guard did not report (was it disabled?)"
+        elif verdicts[-1] != "ok":
+            why = "tampering: " + verdicts[-1].removeprefix("tamper: ")
+        if why:
+            if why.startswith("tampering"):
+                flags.append(f"{grade_id}: {why}")
+            cell.outputs.insert(0, nbformat.v4.new_output("error", ename="GraderError", evalue=why,
+                                                          traceback=[f"GraderError: {why}"]))
+    return flags
+
+
+def finalize(student: str, assignment: str, job: Path, result: dict, nonce: str) -> list[str]:
+    """Executed notebook -> gradebook (nbgrader's own grading preprocessors) and autograded/ copy."""
+    import nbformat
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput,
+                                        SaveAutoGrades)
+    nb = nbformat.read(job / "executed.ipynb", as_version=4)
+    flags = apply_verdicts(nb, nonce, result["status"])
+    nb, _ = _run_preprocessors(nb, _resources(student, assignment),
+                               [IgnorePattern, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata])
+    dest = AUTOGRADED / student / assignment
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    nbformat.write(nb, dest / f"{assignment}.ipynb")
+    stamp = SUBMITTED / student / assignment / "timestamp.txt"
+    if stamp.exists():
+        shutil.copy(stamp, dest / "timestamp.txt")
+    return flags
+
+
+def _progress(done, total, counts, running, t0, tty):
+    rate = done / max(time.monotonic() - t0, 1e-9) * 60
+    line = (f"[{done}/{total}] {counts['graded']} graded, {counts['failed']} failed, {counts['skipped']} unchanged"
+            f" | {rate:.1f}/min | running: {', '.join(running) or '-'}")
+    print(("\r" + line[:150].ljust(150)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+
+def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, force: bool = False,
+              only: list[str] | None = None, quiet: bool = False) -> dict:
+    """Grade what changed; returns the state dict (also saved to autograder/grading_state.json)."""
+    from nbgrader.api import Gradebook
+    with Gradebook(DB_URL, COURSE_ID) as gb:
+        known = set(chapters()) & {a.name for a in gb.assignments}
+    state = load_state()
+    todo, counts = [], {"graded": 0, "failed": 0, "skipped": 0}
+    for student, assignment in submissions():
+        key = f"{student}/{assignment}"
+        if only and student not in only:
+            continue
+        if assignment not in known:
+            state[key] = {"status": f"failed: unknown assignment {assignment} (not in the gradebook: make release?)",
+                          "hash": None}
+            counts["failed"] += 1
+            continue
+        digest = fingerprint(SUBMITTED / student / assignment, assignment)
+        if not force and state.get(key, {}).get("hash") == digest and not state[key]["status"].startswith(
+                "failed: sandbox error"):
+            counts["skipped"] += 1
+            continue
+        todo.append((student, assignment, digest))
+    warm_matplotlib()
+    base = Path(tempfile.mkdtemp(prefix="mgpu-grading-"))
+    tty = sys.stderr.isatty() and not quiet
+    t0, done, total = time.monotonic(), 0, len(todo)
+    free = list(range(jobs))
+    running = {}
+    with ThreadPoolExecutor(jobs) as pool:
+        pending = list(todo)
+        while pending or running:
+            while pending and free:
+                student, assignment, digest = pending.pop(0)
+                slot = free.pop()
+                job = base / f"{student}__{assignment}"
+                register(student, assignment)
+                status, flags = prepare(student, assignment, job, slot, cell_timeout)
+                if status:
+                    free.append(slot)
+                    _record(state, student, assignment, digest, {"status": status}, flags, counts)
+                    done += 1
+                    continue
+                fut = pool.submit(execute, job, wall_timeout)
+                running[fut] = (student, assignment, digest, slot, job, flags)
+            if not quiet:
+                _progress(done, total, counts, [f"{s}/{a}" for s, a, *_ in running.values()], t0, tty)
+            if not running:
+                continue
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                student, assignment, digest, slot, job, flags = running.pop(fut)
+                free.append(slot)
+                result = fut.result()
+                nonce = json.loads((job / "job.json").read_text())["nonce"]
+                if (job / "executed.ipynb").exists():
+                    try:
+                        flags = flags + finalize(student, assignment, job, result, nonce)
+                    except Exception as e:
+                        result["status"] = f"failed: sandbox error ({type(e).__name__}: {str(e)[:80]})"
+                _record(state, student, assignment, digest, result, flags, counts)
+                if not os.environ.get("GRADER_DEBUG"):
+                    shutil.rmtree(job, ignore_errors=True)
+                done += 1
+            save_state(state)
+    if not quiet:
+        _progress(done, total, counts, [], t0, tty)
+        print(file=sys.stderr)
+    if not os.environ.get("GRADER_DEBUG"):
+        shutil.rmtree(base, ignore_errors=True)
+    save_state(state)
+    return state
+
+
+def _record(state, student, assignment, digest, result, flags, counts):
+    status = result["status"]
+    if status.startswith("failed") and result.get("failed_cell") is not None:
+        status += f" (cell {result['failed_cell']})"
+    state[f"{student}/{assignment}"] = {
+        "hash": digest, "status": status, "flags": flags, "seconds": result.get("seconds"),
+        "kernel_start_seconds": result.get("kernel_start_seconds"), "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    counts["failed" if status.startswith("failed") else "graded"] += 1

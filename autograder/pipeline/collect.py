@@ -1,0 +1,50 @@
+"""Unpack an LMS export (a zip of notebooks) into autograder/submitted/<student>/<assignment>/.
+
+Does what nbgrader's zip_collect + FileNameCollectorPlugin do (a regex with named groups student_id,
+file_id, assignment over each archive member), minus its extract-to-disk step, plus reporting every
+member it cannot place. File names must match the pattern below (override with COLLECT_PATTERN): `<student>_<assignment>.ipynb` or `<student>/<assignment>.ipynb`,
+optionally with an LMS prefix. Anything that does not match, or names an unknown assignment, is reported.
+"""
+import os
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+from . import SUBMITTED, chapters
+
+DEFAULT = r".*?(?P<student_id>[A-Za-z0-9][\w.@-]*?)[_/](?P<file_id>(?P<assignment>\d\d_[a-z0-9_]+)\.ipynb)$"
+
+
+def collect(zip_path: str) -> int:
+    pattern = re.compile(os.environ.get("COLLECT_PATTERN") or DEFAULT)
+    known, problems, ok = set(chapters()), [], 0
+    try:
+        archive = zipfile.ZipFile(zip_path)
+    except (OSError, zipfile.BadZipFile) as e:
+        print(f"cannot read {zip_path}: {e}", file=sys.stderr)
+        return 2
+    with archive:
+        for info in archive.infolist():
+            name = info.filename
+            if info.is_dir() or "__MACOSX" in name or Path(name).name.startswith("."):
+                continue
+            m = pattern.match(name)
+            if not m:
+                problems.append(f"{name}: file name not understood (expected <student>_<assignment>.ipynb)")
+                continue
+            student, assignment = m.group("student_id"), m.group("assignment")
+            if assignment not in known:
+                problems.append(f"{name}: unknown assignment {assignment!r}")
+                continue
+            if ".." in Path(student).parts or "/" in student:
+                problems.append(f"{name}: bad student id")
+                continue
+            dest = SUBMITTED / student / assignment / f"{assignment}.ipynb"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(archive.read(info))
+            ok += 1
+    for p in problems:
+        print("  " + p, file=sys.stderr)
+    print(f"collected {ok} notebooks into {SUBMITTED}/, {len(problems)} problems", file=sys.stderr)
+    return 1 if problems and not ok else 0

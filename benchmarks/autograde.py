@@ -1,0 +1,94 @@
+"""Grade a synthetic class with the sandboxed pipeline and print notebooks/minute and where the time goes.
+
+    .venv/bin/python benchmarks/autograde.py [--students 30] [--chapters 01_devices_and_transfers ...] [--jobs 2]
+
+A class of N students x every chapter (a throw-away course folder, the real gradebook is untouched): 40%
+correct, 30% partly wrong (one answer left as the stub), 30% broken (untouched stubs, or corrupt JSON).
+Target (issue #6): 30 students x 9 chapters in under 20 minutes on the 2-core course machine.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _answer(src):
+    return "".join(ln for ln in src.splitlines(True) if "### BEGIN SOLUTION" not in ln and "### END SOLUTION" not in ln)
+
+
+def build(course: Path, chapters: list[str], students: int) -> dict:
+    kinds = {}
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PYTHONPATH", None)
+    shutil.copy(ROOT / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "autograder" / "references", course / "autograder" / "references")
+    for ch in chapters:
+        shutil.copytree(ROOT / "solutions" / ch, course / "solutions" / ch)
+        subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ch, "--force", "--log-level=ERROR"],
+                       cwd=course, env=env, check=True)
+        student = json.loads((course / "notebooks" / ch / f"{ch}.ipynb").read_text())
+        solution = {c["metadata"]["nbgrader"]["grade_id"]: _answer("".join(c["source"]))
+                    for c in json.loads((ROOT / "solutions" / ch / f"{ch}.ipynb").read_text())["cells"]
+                    if c["metadata"].get("nbgrader", {}).get("solution")}
+        for i in range(students):
+            kind = ["correct", "correct", "correct", "correct", "partly wrong", "partly wrong", "partly wrong",
+                    "untouched", "untouched", "corrupt"][i % 10]
+            nb = json.loads(json.dumps(student))
+            answer_cells = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
+            if kind in ("correct", "partly wrong"):
+                for j, c in enumerate(answer_cells):
+                    if not (kind == "partly wrong" and j == i % len(answer_cells)):
+                        c["source"] = solution[c["metadata"]["nbgrader"]["grade_id"]]
+            folder = course / "autograder" / "submitted" / f"s{i:03d}" / ch
+            folder.mkdir(parents=True)
+            text = json.dumps(nb) if kind != "corrupt" else json.dumps(nb)[: len(json.dumps(nb)) // 2]
+            (folder / f"{ch}.ipynb").write_text(text)
+            kinds[f"s{i:03d}/{ch}"] = kind
+    return kinds
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--students", type=int, default=30)
+    p.add_argument("--chapters", nargs="*")
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args()
+    chapters = args.chapters or sorted(d.name for d in (ROOT / "solutions").iterdir() if (d / f"{d.name}.ipynb").exists())
+    course = Path(tempfile.mkdtemp(prefix="mgpu-bench-"))
+    try:
+        kinds = build(course, chapters, args.students)
+        env = dict(os.environ, GRADER_COURSE_DIR=str(course),
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "autograder.pipeline", "autograde", "--jobs", str(args.jobs)],
+                       cwd=ROOT, env=env, check=True)
+        total = time.monotonic() - t0
+        state = json.loads((course / "autograder" / "grading_state.json").read_text())
+    finally:
+        shutil.rmtree(course, ignore_errors=True)
+    n = len(kinds)
+    print(f"\n{n} notebooks ({args.students} students x {len(chapters)} chapters), {args.jobs} workers, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"total {total / 60:.1f} min, {n / total * 60:.1f} notebooks/minute")
+    ran = [v for v in state.values() if v.get("seconds")]
+    if ran:
+        start = statistics.mean(v["kernel_start_seconds"] for v in ran)
+        run = statistics.mean(v["seconds"] for v in ran)
+        print(f"per executed notebook (mean of {len(ran)}): {run:.1f} s in the worker, of which kernel start "
+              f"(bwrap + python + guard importing torch/numpy) {start:.1f} s, cell execution {run - start:.1f} s")
+    for kind in sorted(set(kinds.values())):
+        secs = [state[k].get("seconds") or 0 for k, v in kinds.items() if v == kind and k in state]
+        statuses = sorted({state[k]["status"].split(" (")[0] for k, v in kinds.items() if v == kind and k in state})
+        print(f"  {kind:13} {len(secs):4} notebooks, mean {statistics.mean(secs):5.1f} s, status {statuses}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The instructor's grading pipeline on a corpus of good and bad submissions built from the real chapter 01.
+
+One class of ~20 submissions is graded once (module fixture, sandboxed, 2 at a time, a few minutes) in a
+throw-away course folder (GRADER_COURSE_DIR), so the real gradebook is never touched; each test then reads
+autograder/grades.csv, the grading state, the autograded notebooks and the feedback.
+"""
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CH = "01_devices_and_transfers"
+FULL = 12.0
+
+sys.path.insert(0, str(ROOT))
+from autograder.pipeline import sandbox  # noqa: E402
+
+pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandbox here: {sandbox.problem()}")
+
+
+def _cells(nb, kind="solution"):
+    return {c["metadata"]["nbgrader"]["grade_id"]: c for c in nb["cells"]
+            if c["metadata"].get("nbgrader", {}).get(kind)}
+
+
+def _answer(source: str) -> str:
+    return "".join(ln for ln in source.splitlines(True) if "### BEGIN SOLUTION" not in ln and "### END SOLUTION" not in ln)
+
+
+WRONG = {  # wrong answers, the baseline every cheat is compared with
+    "move_batch": "def move_batch(batch, device):\n    return {k: (t + 1).pin_memory().to(device, non_blocking=True) for k, t in batch.items()}\n",
+    "effective_bandwidth_gbps": "def effective_bandwidth_gbps(nbytes, ms):\n    return nbytes / ms\n",
+    "predict_pinned_copy_ms": "predicted_ms = 1.5\n",
+}
+PATCH_ALL = ("import builtins, numpy, numpy.testing, torch, torch.testing\n"
+             "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
+             "torch.testing.assert_close = lambda *a, **k: None\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
+             "builtins.abs = lambda x: 0\nbuiltins.all = lambda x: True\n")
+LIAR = ("class Liar(float):\n    def __eq__(s, o): return True\n    __le__ = __lt__ = __ge__ = __gt__ = __eq__\n"
+        "    def __ne__(s, o): return False\n    def __sub__(s, o): return s\n    __rsub__ = __sub__\n"
+        "    def __abs__(s): return s\n    def __hash__(s): return 0\n")
+
+
+def _submission(student_nb, solution_nb, answers=None, extra=None, drop=(), edit=None):
+    nb = json.loads(json.dumps(student_nb))
+    solved = {k: _answer("".join(c["source"])) for k, c in _cells(solution_nb).items()}
+    solved.update(answers or {})
+    for gid, cell in _cells(nb).items():
+        cell["source"] = solved[gid] + (extra or {}).get(gid, "")
+    nb["cells"] = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") not in drop]
+    for gid, src in (edit or {}).items():
+        _cells(nb, "grade")[gid]["source"] = src
+    return nb
+
+
+def _corpus(student_nb, solution_nb, port):
+    S = lambda **kw: _submission(student_nb, solution_nb, **kw)  # noqa: E731
+    probe = f"""
+import os, socket
+def attempt(name, fn):
+    try:
+        fn(); print("ALLOWED", name)
+    except Exception as e:
+        print("BLOCKED", name, type(e).__name__)
+attempt("gradebook", lambda: open({str(COURSE_DIR[0] / 'autograder' / 'gradebook.db')!r}, 'rb').read(1))
+attempt("references file", lambda: open({str(COURSE_DIR[0] / 'autograder' / 'references' / 'devices_and_transfers.py')!r}).read())
+attempt("repo references", lambda: open({str(ROOT / 'autograder' / 'references' / 'devices_and_transfers.py')!r}).read())
+attempt("solutions", lambda: os.listdir({str(COURSE_DIR[0] / 'solutions')!r}))
+attempt("repo git", lambda: os.listdir({str(ROOT / '.git')!r}))
+attempt("import references", lambda: __import__("references.devices_and_transfers"))
+attempt("write repo", lambda: open({str(ROOT / 'PWNED')!r}, 'w').write('x'))
+attempt("write course", lambda: open({str(COURSE_DIR[0] / 'PWNED')!r}, 'w').write('x'))
+attempt("network", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2))
+attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
+"""
+    return {
+        "correct": S(),
+        "untouched": student_nb,
+        "partly_wrong": S(answers={"effective_bandwidth_gbps": WRONG["effective_bandwidth_gbps"]}),
+        "infinite_loop": S(extra={"distributed_model_forward": "\nwhile True:\n    pass\n"}),
+        "os_exit": S(extra={"move_batch": "\nimport os\nos._exit(1)\n"}),
+        "segfault": S(extra={"effective_bandwidth_gbps": "\nimport ctypes\nctypes.string_at(0)\n"}),
+        "memory_bomb": S(extra={"distributed_model_forward": "\nblob = []\nwhile True:\n    blob.append(bytearray(2**28))\n"}),
+        "spawner": S(extra={"distributed_model_forward": (
+            "\nimport os, time\nforked = 0\ntry:\n    for _ in range(100000):\n        if os.fork() == 0:\n"
+            "            time.sleep(20)\n            os._exit(0)\n        forked += 1\nexcept OSError as e:\n"
+            "    print('spawner stopped after', forked, type(e).__name__)\n")}),
+        "big_output": S(extra={"effective_bandwidth_gbps": "\nfor _ in range(100):\n    print('x' * 10**6)\n"}),
+        "deleted_test": S(drop=("move_batch_tests",)),
+        "edited_test": S(answers={"effective_bandwidth_gbps": WRONG["effective_bandwidth_gbps"]},
+                         edit={"effective_bandwidth_gbps_tests": "pass\n"}),
+        "wrong": S(answers=WRONG),
+        "cheat_patch_toplevel": S(answers=WRONG, extra={"time_on_gpu": "\n" + PATCH_ALL}),
+        "cheat_patch_in_function": S(answers={**WRONG, "effective_bandwidth_gbps": (
+            "def effective_bandwidth_gbps(nbytes, ms):\n    import builtins, torch\n"
+            "    builtins.abs = lambda x: 0\n    torch.allclose = lambda *a, **k: True\n    return nbytes / ms\n")}),
+        "cheat_eq": S(answers={**WRONG, "predict_pinned_copy_ms": LIAR + "predicted_ms = Liar(1.5)\n",
+                               "effective_bandwidth_gbps": LIAR + "def effective_bandwidth_gbps(nbytes, ms):\n    return Liar(0)\n"}),
+        "cheat_references": S(answers={**WRONG, "effective_bandwidth_gbps": (
+            "def effective_bandwidth_gbps(nbytes, ms):\n    from references.devices_and_transfers import "
+            "effective_bandwidth_gbps as ref\n    return ref(nbytes, ms)\n")},
+            extra={"time_on_gpu": "\ntry:\n    import references\nexcept ImportError:\n    pass\n"}),
+        "snoop": S(extra={"time_on_gpu": probe}),
+    }
+
+
+COURSE_DIR = []
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    COURSE_DIR.append(course)
+    for rel in (f"solutions/{CH}", "autograder/references"):
+        shutil.copytree(ROOT / rel, course / rel)
+    shutil.copy(ROOT / "nbgrader_config.py", course)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               GRADER_COURSE_DIR=str(course))
+    env.pop("PYTHONPATH", None)
+    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", CH, "--force", "--log-level=ERROR"],
+                   cwd=course, env=env, check=True, timeout=300)
+    student_nb = json.loads((course / "notebooks" / CH / f"{CH}.ipynb").read_text())
+    solution_nb = json.loads((ROOT / "solutions" / CH / f"{CH}.ipynb").read_text())
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    threading.Thread(target=lambda: [listener.accept() for _ in range(5)], daemon=True).start()
+    sub = course / "autograder" / "submitted"
+    for name, nb in _corpus(student_nb, solution_nb, listener.getsockname()[1]).items():
+        (sub / name / CH).mkdir(parents=True)
+        (sub / name / CH / f"{CH}.ipynb").write_text(json.dumps(nb))
+    (sub / "corrupt" / CH).mkdir(parents=True)
+    (sub / "corrupt" / CH / f"{CH}.ipynb").write_text('{"cells": [ {"cell_type": "code", ')
+    (sub / "missing" / CH).mkdir(parents=True)
+    (sub / "misnamed" / CH).mkdir(parents=True)
+    (sub / "misnamed" / CH / "01_devices.ipynb").write_text(json.dumps(student_nb))
+
+    def pipeline(*args, timeout=1200):
+        r = subprocess.run([sys.executable, "-m", "autograder.pipeline", *args], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout + r.stderr
+
+    log = pipeline("autograde", "--cell-timeout", "30")
+    pipeline("grades")
+    pipeline("feedback", timeout=600)
+    rows = {r["student"]: r for r in csv.DictReader(open(course / "autograder" / "grades.csv"))}
+    yield {"course": course, "rows": rows, "log": log, "pipeline": pipeline,
+           "state": json.loads((course / "autograder" / "grading_state.json").read_text())}
+    listener.close()
+
+
+def score(graded, student):
+    return float(graded["rows"][student]["score"])
+
+
+def test_table(graded):
+    """Prints the corpus -> status/score table (pytest -s shows it)."""
+    for name, row in sorted(graded["rows"].items()):
+        print(f"{name:25} {row['score']:>5} / {row['max_score']:<5} {row['status']:45} {row['flags']}")
+
+
+@pytest.mark.parametrize("student", ["correct", "memory_bomb", "spawner", "big_output", "deleted_test", "snoop"])
+def test_correct_answers_get_full_marks_whatever_else_the_notebook_does(graded, student):
+    assert graded["rows"][student]["status"] == "graded", graded["rows"][student]
+    assert score(graded, student) == FULL
+
+
+def test_untouched_and_partly_wrong(graded):
+    assert graded["rows"]["untouched"]["status"] == "graded" and score(graded, "untouched") == 0
+    assert graded["rows"]["partly_wrong"]["status"] == "graded" and score(graded, "partly_wrong") == FULL - 1
+
+
+@pytest.mark.parametrize("student,status", [("infinite_loop", "failed: timeout"), ("os_exit", "failed: kernel died"),
+                                            ("segfault", "failed: kernel died"),
+                                            ("corrupt", "failed: corrupt notebook"),
+                                            ("missing", "failed: missing notebook"),
+                                            ("misnamed", "failed: misnamed notebook")])
+def test_failures_are_reported_not_zeroed(graded, student, status):
+    row = graded["rows"][student]
+    assert row["status"].startswith(status), row
+    if student in ("corrupt", "missing", "misnamed"):
+        assert row["score"] == ""
+    else:  # tests that ran before the failure keep their points; the rest are 0, never free points
+        assert 0 < score(graded, student) < FULL
+
+
+def test_edited_test_cell_is_restored(graded):
+    assert score(graded, "edited_test") == FULL - 1
+
+
+@pytest.mark.parametrize("cheat", ["cheat_patch_toplevel", "cheat_patch_in_function", "cheat_eq", "cheat_references"])
+def test_a_cheat_never_scores_more_than_the_same_wrong_answers(graded, cheat):
+    assert graded["rows"][cheat]["status"] == "graded"
+    assert score(graded, cheat) <= score(graded, "wrong") < FULL
+
+
+def test_tampering_during_a_test_is_flagged(graded):
+    assert "tampering" in graded["rows"]["cheat_patch_in_function"]["flags"]
+    assert "review" in graded["rows"]["cheat_references"]["flags"]
+
+
+def test_sandbox_blocks_reads_writes_and_network(graded):
+    nb = json.loads((graded["course"] / "autograder" / "autograded" / "snoop" / CH / f"{CH}.ipynb").read_text())
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+    assert text.count("BLOCKED") == 10 and "ALLOWED" not in text, text
+    assert not (ROOT / "PWNED").exists() and not (graded["course"] / "PWNED").exists()
+
+
+def test_resource_limits_stopped_the_bombs(graded):
+    nb = json.loads((graded["course"] / "autograder" / "autograded" / "spawner" / CH / f"{CH}.ipynb").read_text())
+    assert "spawner stopped after" in json.dumps(nb)
+    big = graded["course"] / "autograder" / "autograded" / "big_output" / CH / f"{CH}.ipynb"
+    assert big.stat().st_size < 5_000_000
+
+
+def test_feedback_shows_results_but_not_hidden_tests(graded):
+    files = list((graded["course"] / "autograder" / "feedback").rglob("*.html"))
+    assert len(files) >= 10
+    for f in files:
+        html = f.read_text()
+        assert "HIDDEN TESTS" not in html and "from references" not in html and "rng = random.Random" not in html, f
+
+
+def test_rerun_skips_unchanged_and_keeps_manual_grades(graded):
+    from nbgrader.api import Gradebook
+    db = "sqlite:///" + str(graded["course"] / "autograder" / "gradebook.db")
+    with Gradebook(db, "multigpu-course") as gb:
+        grade = gb.find_grade("effective_bandwidth_gbps_tests", CH, CH, "partly_wrong")
+        grade.manual_score = 1.0
+        gb.db.commit()
+    log = graded["pipeline"]("autograde", "--student", "partly_wrong", "--student", "correct")
+    assert "0 graded, 0 failed, 2 unchanged" in log, log
+    graded["pipeline"]("autograde", "--force", "--student", "partly_wrong")
+    graded["pipeline"]("grades")
+    rows = {r["student"]: r for r in csv.DictReader(open(graded["course"] / "autograder" / "grades.csv"))}
+    assert float(rows["partly_wrong"]["score"]) == FULL
