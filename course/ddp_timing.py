@@ -16,7 +16,7 @@ from torch import nn
 
 from course import costs, plots
 from course.emulator import emulate
-from course.trace import TraceEvent
+from course.trace import TraceEvent, merge_intervals
 
 MIB = 2**20
 DDP_BUCKET_CAP_MB = 25  # DistributedDataParallel's default bucket_cap_mb
@@ -120,20 +120,10 @@ def _copy_compute_to_other_gpus(emu, start_ns: int) -> None:
                      for e in kernels)
 
 
-def _union(intervals) -> list[tuple[int, int]]:
-    merged: list[list[int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
-
-
 def _summarise(emu, trace, buckets, start_ns) -> DDPStep:
     gpu0 = [e for e in trace if e.device == "cuda:0"]
-    compute = _union((e.start_ns, e.end_ns) for e in gpu0 if e.kind == "kernel")
-    comm = _union((e.start_ns, e.end_ns) for e in gpu0 if e.kind == "collective")
+    compute = merge_intervals((e.start_ns, e.end_ns) for e in gpu0 if e.kind == "kernel")
+    comm = merge_intervals((e.start_ns, e.end_ns) for e in gpu0 if e.kind == "collective")
     overlap_ns = sum(max(0, min(ce, ke) - max(cs, ks)) for cs, ce in comm for ks, ke in compute)
     comm_ns = sum(end - start for start, end in comm)
     end_ns = max(e.end_ns for e in trace)

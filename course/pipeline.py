@@ -10,6 +10,7 @@ import time
 import torch
 
 from course import devices
+from course.trace import merge_intervals
 
 
 def synchronize_all() -> None:
@@ -77,13 +78,7 @@ def plot_schedule(stages: int, micro_batches: int, ax=None):
 
 def _busy_intervals(trace, device: str) -> list[tuple[int, int]]:
     """Merged (start, end) intervals in which `device` runs a kernel, copy or collective."""
-    merged: list[list[int]] = []
-    for start, end in sorted((e.start_ns, e.end_ns) for e in trace if e.device == device and e.kind != "host"):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
+    return merge_intervals((e.start_ns, e.end_ns) for e in trace if e.device == device and e.kind != "host")
 
 
 def measured_bubble(trace, devices_used: list[str]) -> float:

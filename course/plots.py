@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import json
 
-from course.trace import TraceEvent
+from course.trace import TraceEvent, merge_intervals
 
 KINDS = {  # kind -> (legend label, colour); this order is the legend's
     "kernel": ("compute kernel", "tab:blue"),
@@ -110,13 +110,7 @@ def export_chrome_trace(trace, path):
 
 def _busy_ns(intervals) -> int:
     """Length of the union of (start, end) intervals, so overlapping streams count once."""
-    total, reach = 0, None
-    for start, end in sorted(intervals):
-        if reach is None or start > reach:
-            total, reach = total + end - start, end
-        elif end > reach:
-            total, reach = total + end - reach, end
-    return total
+    return sum(end - start for start, end in merge_intervals(intervals))
 
 
 def _copied_in(e: TraceEvent, device: str) -> bool:

@@ -29,3 +29,14 @@ class TraceEvent(NamedTuple):
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+
+def merge_intervals(intervals) -> list[tuple[int, int]]:
+    """The union of (start, end) intervals as disjoint sorted intervals: overlapping streams count once."""
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
