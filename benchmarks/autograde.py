@@ -82,8 +82,14 @@ def main():
     if ran:
         start = statistics.mean(v["kernel_start_seconds"] for v in ran)
         run = statistics.mean(v["seconds"] for v in ran)
+        parent = statistics.mean(v.get("parent_seconds") or 0 for v in ran)
         print(f"per executed notebook (mean of {len(ran)}): {run:.1f} s in the worker, of which kernel start "
-              f"(bwrap + python + guard importing torch/numpy) {start:.1f} s, cell execution {run - start:.1f} s")
+              f"(fork from the zygote + guard) {start:.1f} s, cell execution {run - start:.1f} s; "
+              f"{parent:.1f} s of nbgrader pre/post-processing in the parent (overlaps the next notebook)")
+    zygotes = [v["zygote_start_seconds"] for v in state.values() if v.get("zygote_start_seconds")]
+    if zygotes:
+        print(f"zygote starts (sandbox + python + ipykernel, torch, matplotlib, course imported + warm-up): "
+              f"{len(zygotes)}, mean {statistics.mean(zygotes):.1f} s")
     for kind in sorted(set(kinds.values())):
         secs = [state[k].get("seconds") or 0 for k, v in kinds.items() if v == kind and k in state]
         statuses = sorted({state[k]["status"].split(" (")[0] for k, v in kinds.items() if v == kind and k in state})

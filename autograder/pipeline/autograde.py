@@ -1,4 +1,4 @@
-"""Autograde every submission under autograder/submitted/, two at a time, each kernel in its own sandbox.
+"""Autograde every submission under autograder/submitted/, two at a time, each kernel sandboxed (sandbox.py).
 
 nbgrader's `autograde` runs the kernel in-process with the gradebook next to it and grades one notebook at a
 time; here its own preprocessors are split around a sandboxed execution:
@@ -7,18 +7,22 @@ time; here its own preprocessors are split around a sandboxed execution:
   inside:           the cells run one by one in a sandboxed kernel (sandbox.py), guard.py loaded first
   outside, after:   guard verdicts applied (tampered / not-run test cells get an error output), then
                     IgnorePattern, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata
-Only the parent process writes the gradebook (serialized, no sqlite lock fights). A submission whose files
+Only the parent process writes the gradebook (serialized, no sqlite lock fights); it post-processes one
+notebook while the slot that ran it already executes the next. A submission whose files
 (and the chapter's source) are unchanged since its last grading is skipped; SaveAutoGrades only ever sets
 auto_score, so manual grades survive re-runs.
 """
 import hashlib
 import json
 import os
+import queue
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -79,8 +83,8 @@ def register(student: str, assignment: str) -> None:
         gb.update_or_create_submission(assignment, student, **kwargs)
 
 
-def prepare(student: str, assignment: str, job: Path, slot: int, cell_timeout: int):
-    """Sanitized notebook + sandbox folders in job/; returns (None, flags) or ('failed: ...', flags)."""
+def prepare(student: str, assignment: str, job: Path, slot: "Slot", cell_timeout: int):
+    """Sanitized notebook in job/, the slot's sandbox folders refilled; returns (None, flags) or ('failed: ...', flags)."""
     import nbformat
     from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells,
                                         OverwriteKernelspec)
@@ -107,29 +111,33 @@ def prepare(student: str, assignment: str, job: Path, slot: int, cell_timeout: i
         return f"failed: corrupt notebook ({type(e).__name__}: {str(e)[:80]})", flags
     tests = [c.source for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
     nonce = "GRADER-" + secrets.token_hex(16)
-    uid = sandbox.UID_BASE + slot
-    for d in ("work", "kernel", "guard", "ipython/profile_default/startup"):
-        (job / d).mkdir(parents=True, exist_ok=True)
+    box = slot.dir
+    for d in sandbox.SANDBOX_DIRS:  # empty what the previous submission of this slot left (not the mounts)
+        for entry in (box / d).iterdir():
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    (box / "ipython/profile_default/startup").mkdir(parents=True)
     for src in (folder, SOLUTIONS / assignment):  # files next to the notebook; master files win
         for extra in src.iterdir():
             if extra.suffix != ".ipynb" and extra.name not in JUNK and extra.name != "timestamp.txt":
                 if extra.is_dir():
-                    shutil.copytree(extra, job / "work" / extra.name, dirs_exist_ok=True)
+                    shutil.copytree(extra, box / "work" / extra.name, dirs_exist_ok=True)
                 else:
-                    shutil.copy2(extra, job / "work" / extra.name)
+                    shutil.copy2(extra, box / "work" / extra.name)
     if MPL_CACHE.is_dir():
-        shutil.copytree(MPL_CACHE, job / "work" / ".mpl", dirs_exist_ok=True)
-    shutil.copy(Path(__file__).with_name("guard.py"), job / "ipython/profile_default/startup/00-grader-guard.py")
+        shutil.copytree(MPL_CACHE, box / "work" / ".mpl", dirs_exist_ok=True)
+    shutil.copy(Path(__file__).with_name("guard.py"), box / "ipython/profile_default/startup/00-grader-guard.py")
     refs = {"references": (REFERENCES / "__init__.py").read_text()}
     refs.update({f"references.{p.stem}": p.read_text() for p in REFERENCES.glob("*.py") if p.stem != "__init__"})
-    (job / "guard" / "guard.json").write_text(json.dumps(
+    (box / "guard" / "guard.json").write_text(json.dumps(
         {"nonce": nonce, "tests": [hashlib.sha256(t.encode()).hexdigest() for t in tests], "references": refs}))
+    job.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, job / "prepared.ipynb")
-    (job / "job.json").write_text(json.dumps({"slot": slot, "cell_timeout": cell_timeout, "nonce": nonce}))
-    os.chmod(job, 0o755)
-    if os.geteuid() == 0:
-        for d in ("work", "kernel", "guard", "ipython"):
-            for p in [job / d, *(job / d).rglob("*")]:
+    (job / "job.json").write_text(json.dumps({"cell_timeout": cell_timeout, "nonce": nonce}))
+    uid = sandbox.UID_BASE + slot.index
+    for d in sandbox.SANDBOX_DIRS:
+        os.chmod(box / d, 0o755)
+        if os.geteuid() == 0:
+            for p in [box / d, *(box / d).rglob("*")]:
                 os.lchown(p, uid, uid)
     return None, flags
 
@@ -146,18 +154,55 @@ def warm_matplotlib() -> None:
         (MPL_CACHE / "done").touch()
 
 
-def execute(job: Path, wall_timeout: int) -> dict:
-    """Run the sandbox worker process; its own failures become a status, never an exception."""
-    cmd = [sys.executable, "-m", "autograder.pipeline.sandbox", str(job)]
-    try:
-        subprocess.run(cmd, cwd=ROOT, timeout=wall_timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    except subprocess.TimeoutExpired:
-        return {"status": "failed: timeout (whole notebook)", "failed_cell": None}
-    try:
-        return json.loads((job / "result.json").read_text())
-    except (OSError, ValueError):
-        return {"status": "failed: sandbox error (worker crashed)", "failed_cell": None}
+class Slot:
+    """One worker slot: its sandbox folders and its long-lived worker process (sandbox.serve), which keeps the
+    slot's zygote; the worker is (re)started on demand and killed if a notebook overruns the wall timeout."""
+
+    def __init__(self, index: int, base: Path):
+        self.index, self.dir, self.proc, self.lines = index, base / f"slot{index}", None, queue.Queue()
+        for d in sandbox.SANDBOX_DIRS:
+            (self.dir / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(base, 0o755)
+
+    def _start(self):
+        log = open(self.dir.parent / f"worker{self.index}.log", "ab") if os.environ.get("GRADER_DEBUG") else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "autograder.pipeline.sandbox", str(self.dir), str(self.index)],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     start_new_session=True,
+                                     env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        self.lines = queue.Queue()
+        threading.Thread(target=lambda out=self.proc.stdout, q=self.lines: [q.put(ln) for ln in out] + [q.put(None)],
+                         daemon=True).start()
+
+    def execute(self, job: Path, wall_timeout: int) -> dict:
+        """Run one prepared job; the worker's own failures become a status, never an exception."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        try:
+            self.proc.stdin.write(f"{job}\n")
+            self.proc.stdin.flush()
+            line = self.lines.get(timeout=wall_timeout)
+        except queue.Empty:
+            self.stop()
+            return {"status": "failed: timeout (whole notebook)", "failed_cell": None}
+        except (BrokenPipeError, OSError):
+            line = None
+        if line is None:
+            self.stop()
+            return {"status": "failed: sandbox error (worker crashed)", "failed_cell": None}
+        try:
+            return json.loads((job / "result.json").read_text())
+        except (OSError, ValueError):
+            return {"status": "failed: sandbox error (no result)", "failed_cell": None}
+
+    def stop(self):
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc = None
 
 
 def apply_verdicts(nb, nonce: str, status: str) -> list[str]:
@@ -253,15 +298,18 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
     base = Path(tempfile.mkdtemp(prefix="mgpu-grading-"))
     tty = sys.stderr.isatty() and not quiet
     t0, done, total = time.monotonic(), 0, len(todo)
-    free = list(range(jobs))
+    free = [Slot(i, base) for i in range(jobs)]
+    slots = list(free)
     running = {}
+    finished = []  # (future, job info): post-processed after the slot has its next submission
     with ThreadPoolExecutor(jobs) as pool:
         pending = list(todo)
-        while pending or running:
+        while pending or running or finished:
             while pending and free:
                 student, assignment, digest = pending.pop(0)
                 slot = free.pop()
-                job = base / f"{student}__{assignment}"
+                job = base / "jobs" / f"{student}__{assignment}"
+                t = time.monotonic()
                 register(student, assignment)
                 status, flags = prepare(student, assignment, job, slot, cell_timeout)
                 if status:
@@ -269,16 +317,10 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
                     _record(state, student, assignment, digest, {"status": status}, flags, counts)
                     done += 1
                     continue
-                fut = pool.submit(execute, job, wall_timeout)
-                running[fut] = (student, assignment, digest, slot, job, flags)
-            if not quiet:
-                _progress(done, total, counts, [f"{s}/{a}" for s, a, *_ in running.values()], t0, tty)
-            if not running:
-                continue
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                student, assignment, digest, slot, job, flags = running.pop(fut)
-                free.append(slot)
+                fut = pool.submit(slot.execute, job, wall_timeout)
+                running[fut] = (student, assignment, digest, slot, job, flags, time.monotonic() - t)
+            for fut, (student, assignment, digest, slot, job, flags, parent_seconds) in finished:
+                t = time.monotonic()
                 result = fut.result()
                 nonce = json.loads((job / "job.json").read_text())["nonce"]
                 if (job / "executed.ipynb").exists():
@@ -286,11 +328,22 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
                         flags = flags + finalize(student, assignment, job, result, nonce)
                     except Exception as e:
                         result["status"] = f"failed: sandbox error ({type(e).__name__}: {str(e)[:80]})"
+                result["parent_seconds"] = round(parent_seconds + time.monotonic() - t, 2)
                 _record(state, student, assignment, digest, result, flags, counts)
                 if not os.environ.get("GRADER_DEBUG"):
                     shutil.rmtree(job, ignore_errors=True)
                 done += 1
-            save_state(state)
+            if finished:
+                finished = []
+                save_state(state)
+            if not quiet:
+                _progress(done, total, counts, [f"{s}/{a}" for s, a, *_ in running.values()], t0, tty)
+            if running:
+                for fut in wait(running, return_when=FIRST_COMPLETED)[0]:
+                    finished.append((fut, running.pop(fut)))
+                    free.append(finished[-1][1][3])
+    for slot in slots:
+        slot.stop()
     if not quiet:
         _progress(done, total, counts, [], t0, tty)
         print(file=sys.stderr)
@@ -306,5 +359,6 @@ def _record(state, student, assignment, digest, result, flags, counts):
         status += f" (cell {result['failed_cell']})"
     state[f"{student}/{assignment}"] = {
         "hash": digest, "status": status, "flags": flags, "seconds": result.get("seconds"),
-        "kernel_start_seconds": result.get("kernel_start_seconds"), "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        "kernel_start_seconds": result.get("kernel_start_seconds"), "parent_seconds": result.get("parent_seconds"),
+        "zygote_start_seconds": result.get("zygote_start_seconds"), "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     counts["failed" if status.startswith("failed") else "graded"] += 1

@@ -1,4 +1,4 @@
-"""Execute one prepared notebook with its kernel inside a bubblewrap sandbox.
+"""Execute prepared notebooks, one at a time per worker slot, with their kernels inside a bubblewrap sandbox.
 
 Only the kernel, where learner code runs, is sandboxed: nbclient (this process) stays outside and talks to it
 over ZMQ IPC sockets in a directory both sides see (with --unshare-net the kernel cannot reach the host's
@@ -6,16 +6,24 @@ loopback, so TCP would not work). The notebook itself never enters the sandbox: 
 so learner code cannot read the hidden tests that come after it, nor the gradebook, references, solutions
 or other submissions (all hidden behind empty tmpfs mounts).
 
-Run as `python -m autograder.pipeline.sandbox JOB_DIR` (one process per submission, so a crash or a memory
-blow-up here cannot take the pipeline down); it reads JOB_DIR/job.json and writes JOB_DIR/executed.ipynb
-and JOB_DIR/result.json.
+Each slot's sandbox holds one zygote (zygote.py) that has torch & co imported and forks a fresh kernel per
+submission; the sandbox's writable folders (work, kernel, guard, ipython) are refilled by the pipeline
+between submissions, the zygote empties /tmp and kills leftovers.
+
+Run as `python -m autograder.pipeline.sandbox SLOT_DIR SLOT` (one long-lived process per slot, so a crash or a
+memory blow-up here cannot take the pipeline down): it reads job directories on stdin, runs each
+JOB/prepared.ipynb and writes JOB/executed.ipynb and JOB/result.json.
 """
 import json
 import os
+import queue
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 
 from . import COURSE, ROOT
@@ -42,8 +50,19 @@ def _visible_again() -> list[str]:
     return [str(p) for p in (base, ROOT / ".venv", Path(sys.prefix), ROOT / "course") if p.exists()]
 
 
-def command(job: Path, slot: int, limits: dict = LIMITS) -> list[str]:
-    """The prefix put in front of the kernel command line (see autograder/README.md for each flag)."""
+SANDBOX_DIRS = ("work", "kernel", "guard", "ipython")  # the only writable folders inside, all per slot
+
+
+def _kernel_env(slot_dir: Path) -> dict:
+    return {"HOME": str(slot_dir / "work"), "LANG": "C.UTF-8", "IPYTHONDIR": str(slot_dir / "ipython"),
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(slot_dir / "work" / ".mpl"),
+            "GRADER_GUARD": str(slot_dir / "guard" / "guard.json"), "OMP_NUM_THREADS": "1",
+            "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "JUPYTER_RUNTIME_DIR": str(slot_dir / "kernel"),
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+
+
+def command(slot_dir: Path, slot: int, limits: dict = LIMITS) -> list[str]:
+    """The prefix put in front of the slot's zygote command line (see autograder/README.md for each flag)."""
     if os.environ.get("GRADER_NO_SANDBOX"):  # the instructor opted out: resource limits only
         return [PRLIMIT, f"--as={limits['memory_mb'] << 20}", f"--fsize={limits['fsize_mb'] << 20}",
                 f"--cpu={limits['cpu_s']}", "--core=0", "--"]
@@ -54,15 +73,13 @@ def command(job: Path, slot: int, limits: dict = LIMITS) -> list[str]:
         cmd += ["--tmpfs", d]
     for d in dict.fromkeys(_visible_again()):
         cmd += ["--ro-bind", d, d]
-    for d in (job.parent, job):  # bwrap would create these 0700: unreadable for the sandbox uid
+    for d in (slot_dir.parent, slot_dir):  # bwrap would create these 0700: unreadable for the sandbox uid
         cmd += ["--perms", "0755", "--dir", str(d)]
-    cmd += ["--bind", str(job / "work"), str(job / "work"), "--bind", str(job / "kernel"), str(job / "kernel"),
-            "--bind", str(job / "guard"), str(job / "guard"), "--bind", str(job / "ipython"), str(job / "ipython"),
-            "--chdir", str(job / "work"), "--clearenv"]
-    env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "HOME": str(job / "work"), "LANG": "C.UTF-8",
-           "IPYTHONDIR": str(job / "ipython"), "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(job / "work" / ".mpl"),
-           "GRADER_GUARD": str(job / "guard" / "guard.json"), "OMP_NUM_THREADS": "1", "PYTHONNOUSERSITE": "1",
-           "PYTHONDONTWRITEBYTECODE": "1", "JUPYTER_RUNTIME_DIR": str(job / "kernel"), "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    for d in SANDBOX_DIRS:
+        cmd += ["--bind", str(slot_dir / d), str(slot_dir / d)]
+    cmd += ["--ro-bind", str(Path(__file__).with_name("zygote.py")), str(slot_dir / "zygote.py"),
+            "--chdir", str(slot_dir / "work"), "--clearenv"]
+    env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", **_kernel_env(slot_dir)}
     for k, v in env.items():
         cmd += ["--setenv", k, v]
     cmd += ["--", PRLIMIT, f"--as={limits['memory_mb'] << 20}", f"--nproc={limits['nproc']}",
@@ -76,7 +93,8 @@ def command(job: Path, slot: int, limits: dict = LIMITS) -> list[str]:
 
 
 def problem() -> str | None:
-    """Why the sandbox cannot be used here, or None if a sandboxed process runs and is cut off from the net."""
+    """Why the sandbox cannot be used here, or None if a sandboxed process runs, is cut off from the net and
+    can give each kernel its own user and IPC namespaces (what zygote.py does per submission)."""
     missing = [n for n, p in (("bwrap (Debian package bubblewrap)", BWRAP), ("prlimit (util-linux)", PRLIMIT))
                if not p]
     if os.geteuid() == 0 and not SETPRIV:
@@ -86,12 +104,13 @@ def problem() -> str | None:
     import tempfile
     with tempfile.TemporaryDirectory(prefix="mgpu-sandbox-check-") as tmp:
         job = Path(tmp)
-        for d in ("work", "kernel", "guard", "ipython"):
+        for d in SANDBOX_DIRS:
             (job / d).mkdir()
             os.chown(job / d, UID_BASE, UID_BASE) if os.geteuid() == 0 else None
         probe = ("import socket,os;s=socket.socket();s.settimeout(1)\n"
                  "try:\n s.connect(('127.0.0.1',22)); print('net')\nexcept OSError: print('nonet')\n"
-                 f"print(os.path.exists({str(COURSE / 'autograder' / 'references')!r}))")
+                 f"print(os.path.exists({str(COURSE / 'autograder' / 'references')!r}))\n"
+                 "import ctypes;print('userns' if ctypes.CDLL(None).unshare(0x18000000) == 0 else 'no-userns')")
         try:
             r = subprocess.run(command(job, 0) + [sys.executable, "-c", probe], capture_output=True, text=True,
                                timeout=60)
@@ -99,32 +118,155 @@ def problem() -> str | None:
             return f"bwrap did not run: {e}"
         if r.returncode != 0:
             return f"bwrap failed (exit {r.returncode}): {r.stderr.strip()[-400:]}"
-        if r.stdout.split() != ["nonet", "False"]:
+        if r.stdout.split()[:2] != ["nonet", "False"]:
             return f"sandbox is leaky: {r.stdout!r}"
+        if r.stdout.split()[2:] != ["userns"]:
+            return "unprivileged user namespaces are disabled (sysctl kernel.unprivileged_userns_clone / AppArmor)"
     return None
 
 
-def _kernel_manager(job: Path, slot: int, limits: dict):
+class KernelProcess:
+    """A forked kernel as the Popen-like object jupyter_client's provisioner expects (poll/wait/signals)."""
+    stdin = stdout = stderr = None
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+        self.ended = threading.Event()
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.ended.wait(timeout)
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            self.zygote.request({"signal": int(signum)})
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+
+class Zygote:
+    """The slot's sandboxed zygote (zygote.py) seen from outside: started once, forks one kernel per job."""
+
+    def __init__(self, slot_dir: Path, slot: int, limits: dict = LIMITS, log=subprocess.DEVNULL):
+        t0 = time.monotonic()
+        script = [sys.executable, str(slot_dir / "zygote.py")]
+        if not os.environ.get("GRADER_NO_SANDBOX"):
+            script.append("--own-pid-namespace")
+        else:
+            shutil.copy(Path(__file__).with_name("zygote.py"), slot_dir / "zygote.py")
+        self.proc = subprocess.Popen(command(slot_dir, slot, limits) + script, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                                     env=_zygote_env(slot_dir) if os.environ.get("GRADER_NO_SANDBOX") else None)
+        self.replies, self.kernel, self.gone = queue.Queue(), None, False
+        threading.Thread(target=self._read, daemon=True).start()
+        self.expect("ready", 300)
+        self.start_seconds = round(time.monotonic() - t0, 2)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            if "exited" in msg and self.kernel:
+                self.kernel.returncode = msg["exited"]
+                self.kernel.ended.set()
+            self.replies.put(msg)
+        if self.kernel and self.kernel.returncode is None:  # the zygote died (killed?): so did its kernel
+            self.kernel.returncode = -signal.SIGKILL
+            self.kernel.ended.set()
+        self.gone = True
+        self.replies.put({"gone": True})
+
+    def request(self, msg: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the zygote is gone; _read has marked the kernel dead
+
+    def expect(self, key: str, timeout: float):
+        """The next reply carrying key (skipping others); raises RuntimeError if the zygote dies or stalls."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.gone and self.replies.empty():
+                raise RuntimeError(f"zygote died (exit {self.proc.wait()}) waiting for {key!r}")
+            try:
+                msg = self.replies.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise RuntimeError(f"zygote sent no {key!r} in {timeout:.0f} s") from None
+            if "gone" in msg:
+                raise RuntimeError(f"zygote died (exit {self.proc.wait()}) waiting for {key!r}")
+            if key in msg:
+                return msg[key]
+
+    def spawn(self, args: list[str]) -> KernelProcess:
+        self.request({"spawn": args})
+        self.kernel = KernelProcess(self, self.expect("spawned", 30))
+        return self.kernel
+
+    def wait_clean(self, timeout: float = 60) -> bool:
+        """True once the last kernel's leftovers are gone and the slot may take the next submission."""
+        try:
+            if self.kernel is not None:
+                self.expect("clean", timeout)
+            return True
+        except RuntimeError:
+            return False
+        finally:
+            self.kernel = None
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _zygote_env(slot_dir: Path) -> dict:
+    """Without bwrap (the opt-out), the zygote still gets the sandbox's environment, via Popen."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(_kernel_env(slot_dir))
+    return env
+
+
+def _kernel_manager(slot_dir: Path, slot: int, zygote: Zygote):
     from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.provisioning import LocalProvisioner
 
-    class SandboxKernelManager(AsyncKernelManager):
-        """An ordinary IPython kernel, launched through the sandbox prefix, connected over IPC."""
+    class ZygoteProvisioner(LocalProvisioner):
+        """Launches the kernel by asking the slot's zygote to fork one, instead of starting a new Python."""
 
-        def format_kernel_cmd(self, extra_arguments=None):
-            return command(job, slot, limits) + super().format_kernel_cmd(extra_arguments)
+        async def launch_kernel(self, cmd, **kwargs):
+            self.process = zygote.spawn(cmd[cmd.index("-f"):])
+            self.pid, self.pgid = self.process.pid, None
+            return self.connection_info
+
+    class SlotKernelManager(AsyncKernelManager):
+        """An ordinary IPython kernel forked inside the slot's sandbox, connected over IPC."""
 
         def write_connection_file(self, **kwargs):
             super().write_connection_file(**kwargs)
             if os.geteuid() == 0:
                 os.chown(self.connection_file, UID_BASE + slot, UID_BASE + slot)
 
-    return SandboxKernelManager(kernel_name="python3", transport="ipc", ip=str(job / "kernel" / "k"),
-                                connection_file=str(job / "kernel" / "kernel.json"))
+    km = SlotKernelManager(kernel_name="python3", transport="ipc", ip=str(slot_dir / "kernel" / "k"),
+                           connection_file=str(slot_dir / "kernel" / "kernel.json"))
+    km.kernel_id = str(uuid.uuid4())
+    km.provisioner = ZygoteProvisioner(kernel_id=km.kernel_id, kernel_spec=km.kernel_spec, parent=km)
+    return km
 
 
-def run(job: Path) -> dict:
-    """Execute job/prepared.ipynb; return {"status": ..., "seconds": ...}; never raises for learner errors."""
+def run(job: Path, slot_dir: Path, slot: int, zygote: Zygote) -> dict:
+    """Execute job/prepared.ipynb in a kernel forked by zygote; return {"status": ..., "seconds": ...}."""
     import nbformat
+    from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -146,15 +288,15 @@ def run(job: Path) -> dict:
                 return None
             return super().output(outs, msg, display_id, cell_index)
 
-    km = _kernel_manager(job, spec["slot"], spec.get("limits", LIMITS))
-    client = CappedClient(nb, km=km, timeout=spec["cell_timeout"], allow_errors=True, interrupt_on_timeout=False,
-                          startup_timeout=120, extra_arguments=["--HistoryManager.hist_file=:memory:"],
-                          resources={"metadata": {"path": str(job / "work")}}, record_timing=True)
+    km = _kernel_manager(slot_dir, slot, zygote)
+    client = CappedClient(nb, km=km, timeout=spec["cell_timeout"],
+                          allow_errors=True, interrupt_on_timeout=False, startup_timeout=120,
+                          extra_arguments=["--HistoryManager.hist_file=:memory:"],
+                          resources={"metadata": {"path": str(slot_dir / "work")}}, record_timing=True)
     t0 = time.monotonic()
     status, failed_cell = "graded", None
     try:
-        log = open(job / "kernel.log", "w") if os.environ.get("GRADER_DEBUG") else subprocess.DEVNULL
-        with client.setup_kernel(stdout=log, stderr=log):
+        with client.setup_kernel():
             started = time.monotonic() - t0
             for index, cell in enumerate(nb.cells):
                 failed_cell = index
@@ -166,18 +308,39 @@ def run(job: Path) -> dict:
         status = "failed: kernel died"
     except RuntimeError as e:  # e.g. "Kernel died before replying to kernel_info"
         status = "failed: kernel died" if "died" in str(e) else f"failed: sandbox error: {e}"
-    else:
-        pass
+    finally:
+        if km.has_kernel:  # we own the kernel (nbclient only shuts down those it started): outputs are in
+            run_sync(km.shutdown_kernel)(now=True)
     nbformat.write(nb, job / "executed.ipynb")
     total = time.monotonic() - t0
     return {"status": status, "failed_cell": failed_cell, "seconds": round(total, 2),
             "kernel_start_seconds": round(locals().get("started", total), 2)}
 
 
+def serve(slot_dir: Path, slot: int) -> None:
+    """Worker loop: job directories in on stdin, one line out per finished job (its result.json is written).
+
+    The zygote is started on the first job and kept; if it dies or cannot clean up after a submission, the
+    next job gets a fresh one (and a fresh sandbox)."""
+    zygote = None
+    log = open(slot_dir.parent / f"{slot_dir.name}.log", "ab") if os.environ.get("GRADER_DEBUG") else subprocess.DEVNULL
+    for line in sys.stdin:
+        job = Path(line.strip())
+        result, zygote_seconds = None, None
+        try:
+            if zygote is None:
+                zygote = Zygote(slot_dir, slot, log=log)
+                zygote_seconds = zygote.start_seconds
+            result = run(job, slot_dir, slot, zygote)
+        except Exception as e:  # the pipeline reports it as "failed: sandbox error" and retries next time
+            result = {"status": f"failed: sandbox error: {type(e).__name__}: {e}"[:300], "failed_cell": None}
+        if zygote is not None and not zygote.wait_clean():
+            zygote.close()
+            zygote = None
+        result["zygote_start_seconds"] = zygote_seconds
+        (job / "result.json").write_text(json.dumps(result))
+        print(job, flush=True)
+
+
 if __name__ == "__main__":
-    job_dir = Path(sys.argv[1])
-    try:
-        result = run(job_dir)
-    except Exception as e:  # the pipeline reports it as "failed: sandbox error"
-        result = {"status": f"failed: sandbox error: {type(e).__name__}: {e}"[:300], "failed_cell": None}
-    (job_dir / "result.json").write_text(json.dumps(result))
+    serve(Path(sys.argv[1]), int(sys.argv[2]))

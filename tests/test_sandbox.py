@@ -1,0 +1,80 @@
+"""One grading slot, two submissions in a row, through the real sandbox and zygote: the second finds nothing
+the first left behind, and neither can reach the zygote that forked it."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from autograder.pipeline import sandbox  # noqa: E402
+
+pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandbox here: {sandbox.problem()}")
+
+LEAVE = """
+import ctypes, os, subprocess
+subprocess.Popen(["sleep", "300"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    os.execvp("sleep", ["sleep", "301"])
+open("/tmp/note-for-the-next-one", "w").write("answers")
+libc = ctypes.CDLL(None)
+shm = libc.shmget(4242, 4096, 0o1600)
+print("left", shm >= 0)
+"""
+LOOK = """
+import ctypes, os
+mine = {os.getpid(), 1, os.getppid()}
+print("processes", sorted(open(f"/proc/{p}/cmdline").read().replace("\\0", " ").strip()
+                          for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine))
+print("tmp", sorted(p for p in os.listdir("/tmp") if not p.startswith("pytest")))
+print("shm", ctypes.CDLL(None).shmget(4242, 0, 0))
+print("uid", os.getuid(), "capabilities", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
+try:
+    os.listdir(f"/proc/{os.getppid()}/fd")
+    print("zygote fds readable")
+except PermissionError:
+    print("zygote fds hidden")
+"""
+
+
+def _job(tmp_path: Path, name: str, source: str) -> Path:
+    job = tmp_path / name
+    job.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)]), job / "prepared.ipynb")
+    (job / "job.json").write_text(json.dumps({"cell_timeout": 60}))
+    return job
+
+
+def _text(job: Path) -> str:
+    cell = nbformat.read(job / "executed.ipynb", as_version=4).cells[0]
+    return "".join(o.get("text", "") for o in cell.outputs)
+
+
+def test_a_submission_leaves_nothing_for_the_next(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    slot = tmp_path / "slot0"
+    for d in sandbox.SANDBOX_DIRS:
+        (slot / d).mkdir(parents=True)
+        if os.geteuid() == 0:
+            os.chown(slot / d, sandbox.UID_BASE, sandbox.UID_BASE)
+    zygote = sandbox.Zygote(slot, 0)
+    try:
+        first, second = _job(tmp_path, "first", LEAVE), _job(tmp_path, "second", LOOK)
+        assert sandbox.run(first, slot, 0, zygote)["status"] == "graded"
+        assert "left True" in _text(first)
+        assert zygote.wait_clean()
+        result = sandbox.run(second, slot, 0, zygote)
+        assert zygote.wait_clean()
+    finally:
+        zygote.close()
+    assert result["status"] == "graded" and result["kernel_start_seconds"] < 5
+    seen = _text(second)
+    assert "processes []" in seen, seen
+    assert "tmp []" in seen and "shm -1" in seen, seen
+    assert "capabilities 0000000000000000" in seen and "zygote fds hidden" in seen, seen
+    if os.geteuid() == 0:
+        assert f"uid {sandbox.UID_BASE} " in seen, seen
