@@ -58,10 +58,8 @@ NBGRADER = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nbgrader
 GRADING_ENV = PYTHONPATH="$(CURDIR)/autograder" MPLBACKEND=Agg
 CHAPTERS = $(notdir $(patsubst %/,%,$(wildcard solutions/*/)))
 
-student: setup ## generate the student notebooks/ from solutions/ (nbgrader generate_assignment)
-	@set -e; for a in $(CHAPTERS); do \
-		echo "== $$a"; $(NBGRADER) generate_assignment "$$a" --force --log-level=WARN; \
-	done
+student: setup ## generate the student notebooks/ from solutions/ (nbgrader generate_assignment, in one process)
+	$(PIPELINE) release
 
 validate: setup ## solutions pass their tests; untouched student notebooks fail every test
 	@set -e; for a in $(CHAPTERS); do \

@@ -18,10 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _answer(src):
-    return "".join(ln for ln in src.splitlines(True) if "### BEGIN SOLUTION" not in ln and "### END SOLUTION" not in ln)
+sys.path.insert(0, str(ROOT))
+from autograder.pipeline import synthetic  # noqa: E402
 
 
 def build(course: Path, chapters: list[str], students: int) -> dict:
@@ -32,21 +30,18 @@ def build(course: Path, chapters: list[str], students: int) -> dict:
     shutil.copytree(ROOT / "autograder" / "references", course / "autograder" / "references")
     for ch in chapters:
         shutil.copytree(ROOT / "solutions" / ch, course / "solutions" / ch)
-        subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ch, "--force", "--log-level=ERROR"],
-                       cwd=course, env=env, check=True)
+    subprocess.run([sys.executable, "-m", "autograder.pipeline", "release"], cwd=ROOT, check=True,
+                   env=dict(env, GRADER_COURSE_DIR=str(course)), stderr=subprocess.DEVNULL)
+    for ch in chapters:
         student = json.loads((course / "notebooks" / ch / f"{ch}.ipynb").read_text())
-        solution = {c["metadata"]["nbgrader"]["grade_id"]: _answer("".join(c["source"]))
-                    for c in json.loads((ROOT / "solutions" / ch / f"{ch}.ipynb").read_text())["cells"]
-                    if c["metadata"].get("nbgrader", {}).get("solution")}
+        solution = synthetic.solution_answers(json.loads((ROOT / "solutions" / ch / f"{ch}.ipynb").read_text()))
         for i in range(students):
             kind = ["correct", "correct", "correct", "correct", "partly wrong", "partly wrong", "partly wrong",
                     "untouched", "untouched", "corrupt"][i % 10]
-            nb = json.loads(json.dumps(student))
-            answer_cells = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
-            if kind in ("correct", "partly wrong"):
-                for j, c in enumerate(answer_cells):
-                    if not (kind == "partly wrong" and j == i % len(answer_cells)):
-                        c["source"] = solution[c["metadata"]["nbgrader"]["grade_id"]]
+            answers = dict(solution) if kind in ("correct", "partly wrong") else {}
+            if kind == "partly wrong":  # one answer left as the stub
+                answers.pop(sorted(solution)[i % len(solution)])
+            nb = synthetic.answered(student, answers)
             folder = course / "autograder" / "submitted" / f"s{i:03d}" / ch
             folder.mkdir(parents=True)
             text = json.dumps(nb) if kind != "corrupt" else json.dumps(nb)[: len(json.dumps(nb)) // 2]

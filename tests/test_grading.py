@@ -21,7 +21,7 @@ CH = "01_devices_and_transfers"
 FULL = 12.0
 
 sys.path.insert(0, str(ROOT))
-from autograder.pipeline import sandbox  # noqa: E402
+from autograder.pipeline import sandbox, synthetic  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandbox here: {sandbox.problem()}")
 
@@ -29,10 +29,6 @@ pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandb
 def _cells(nb, kind="solution"):
     return {c["metadata"]["nbgrader"]["grade_id"]: c for c in nb["cells"]
             if c["metadata"].get("nbgrader", {}).get(kind)}
-
-
-def _answer(source: str) -> str:
-    return "".join(ln for ln in source.splitlines(True) if "### BEGIN SOLUTION" not in ln and "### END SOLUTION" not in ln)
 
 
 WRONG = {  # wrong answers, the baseline every cheat is compared with
@@ -50,11 +46,9 @@ LIAR = ("class Liar(float):\n    def __eq__(s, o): return True\n    __le__ = __l
 
 
 def _submission(student_nb, solution_nb, answers=None, extra=None, drop=(), edit=None):
-    nb = json.loads(json.dumps(student_nb))
-    solved = {k: _answer("".join(c["source"])) for k, c in _cells(solution_nb).items()}
+    solved = synthetic.solution_answers(solution_nb)
     solved.update(answers or {})
-    for gid, cell in _cells(nb).items():
-        cell["source"] = solved[gid] + (extra or {}).get(gid, "")
+    nb = synthetic.answered(student_nb, {gid: src + (extra or {}).get(gid, "") for gid, src in solved.items()})
     nb["cells"] = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") not in drop]
     for gid, src in (edit or {}).items():
         _cells(nb, "grade")[gid]["source"] = src

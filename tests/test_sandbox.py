@@ -78,3 +78,32 @@ def test_a_submission_leaves_nothing_for_the_next(tmp_path):
     assert "capabilities 0000000000000000" in seen and "zygote fds hidden" in seen, seen
     if os.geteuid() == 0:
         assert f"uid {sandbox.UID_BASE} " in seen, seen
+
+
+def test_without_the_sandbox_the_kernel_still_runs_and_its_processes_are_stopped(tmp_path, monkeypatch):
+    """`make autograde UNSAFE_NO_SANDBOX=1`: resource limits only, the same zygote; what the kernel started in
+    its own session is killed when it ends."""
+    monkeypatch.setenv("GRADER_NO_SANDBOX", "1")
+    slot = tmp_path / "slot0"
+    for d in sandbox.SANDBOX_DIRS:
+        (slot / d).mkdir(parents=True)
+    marker = f"sleep {300 + os.getpid() % 97}"
+    job = _job(tmp_path, "job", f"import subprocess, torch\nsubprocess.Popen({marker.split()!r})\nprint(torch.ones(2).sum().item())")
+    zygote = sandbox.Zygote(slot, 0)
+    try:
+        assert sandbox.run(job, slot, 0, zygote)["status"] == "graded"
+        assert zygote.wait_clean()
+    finally:
+        zygote.close()
+    assert "2.0" in _text(job)
+    assert marker not in _command_lines()
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            lines.append(open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip())
+        except OSError:  # ended while we looked
+            pass
+    return lines

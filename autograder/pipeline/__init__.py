@@ -27,3 +27,19 @@ COURSE_ID = "multigpu-course"
 def chapters() -> list[str]:
     """Assignment ids: every solutions/<ch>/<ch>.ipynb."""
     return sorted(p.name for p in SOLUTIONS.iterdir() if (p / f"{p.name}.ipynb").exists())
+
+
+def nbgrader_api(**settings):
+    """nbgrader's own API on this course: the repo's nbgrader_config.py, pointed at COURSE's folders and
+    gradebook, plus settings such as `GenerateFeedback={"preprocessors": [...]}`. In-process, because every
+    `nbgrader` command line pays ~6 s importing (jsonschema's format checkers compile grammars)."""
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    config.Application.log_level = "ERROR"
+    config.CourseDirectory.root = str(COURSE)
+    config.CourseDirectory.db_url = DB_URL
+    for section, values in settings.items():
+        for key, value in values.items():
+            setattr(config[section], key, value)
+    return NbGraderAPI(config=config)

@@ -1,11 +1,14 @@
 """`python -m autograder.pipeline <command>`: release | collect ZIP | autograde | feedback | grades | check."""
 import argparse
+import os
 import sys
 
 from . import sandbox
 
 
 def main(argv=None) -> int:
+    # nbgrader's gradebook runs the `alembic` command it installed: find it however we were started.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     p = argparse.ArgumentParser(prog="python -m autograder.pipeline", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("release", help="student notebooks in notebooks/ and a zip to upload to an LMS")
@@ -25,7 +28,6 @@ def main(argv=None) -> int:
 
     if args.cmd == "check" or args.cmd == "autograde":
         if getattr(args, "no_sandbox", False):
-            import os
             os.environ["GRADER_NO_SANDBOX"] = "1"
             print("WARNING: grading WITHOUT the sandbox: learner code can read the gradebook, the references\n"
                   "and other submissions, use the network and write anywhere you can.", file=sys.stderr)

@@ -76,8 +76,9 @@ def _run_preprocessors(nb, resources, classes):
 def register(student: str, assignment: str) -> None:
     """Student and submission rows, with the submission time if the LMS export gave one (own session)."""
     from nbgrader.api import Gradebook
+    from nbgrader.utils import parse_utc
     stamp = SUBMITTED / student / assignment / "timestamp.txt"
-    kwargs = {"timestamp": stamp.read_text().strip()} if stamp.exists() else {}
+    kwargs = {"timestamp": parse_utc(stamp.read_text().strip())} if stamp.exists() else {}
     with Gradebook(DB_URL, COURSE_ID) as gb:
         gb.update_or_create_student(student)
         gb.update_or_create_submission(assignment, student, **kwargs)

@@ -4,6 +4,7 @@ Does what nbgrader's zip_collect + FileNameCollectorPlugin do (a regex with name
 file_id, assignment over each archive member), minus its extract-to-disk step, plus reporting every
 member it cannot place. File names must match the pattern below (override with COLLECT_PATTERN): `<student>_<assignment>.ipynb` or `<student>/<assignment>.ipynb`,
 optionally with an LMS prefix. Anything that does not match, or names an unknown assignment, is reported.
+Each member's time in the archive becomes the submission's timestamp.txt (what nbgrader reads for lateness).
 """
 import os
 import re
@@ -43,6 +44,8 @@ def collect(zip_path: str) -> int:
             dest = SUBMITTED / student / assignment / f"{assignment}.ipynb"
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(archive.read(info))
+            # The member's time is when the LMS received it: nbgrader's late penalties read timestamp.txt.
+            (dest.parent / "timestamp.txt").write_text("{:04d}-{:02d}-{:02d} {:02d}:{:02d}:{:02d}".format(*info.date_time))
             ok += 1
     for p in problems:
         print("  " + p, file=sys.stderr)

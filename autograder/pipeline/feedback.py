@@ -11,7 +11,7 @@ import sys
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import GetGrades, NbGraderPreprocessor
 
-from . import AUTOGRADED, COURSE, DB_URL, FEEDBACK, ROOT, chapters
+from . import AUTOGRADED, FEEDBACK, chapters, nbgrader_api
 
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?(^[ \t]*### END HIDDEN TESTS[^\n]*$|\Z)", re.M | re.S)
 PLACEHOLDER = "# (hidden tests: not shown)"
@@ -28,19 +28,8 @@ class HideTests(NbGraderPreprocessor):
         return cell, resources
 
 
-def _api():
-    from nbgrader.apps import NbGraderAPI
-    from traitlets.config.loader import PyFileConfigLoader
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
-    config.GenerateFeedback.preprocessors = [GetGrades, HideTests, CSSHTMLHeaderPreprocessor]
-    config.Application.log_level = "ERROR"
-    config.CourseDirectory.root = str(COURSE)
-    config.CourseDirectory.db_url = DB_URL
-    return NbGraderAPI(config=config)
-
-
 def feedback() -> int:
-    api = _api()
+    api = nbgrader_api(GenerateFeedback={"preprocessors": [GetGrades, HideTests, CSSHTMLHeaderPreprocessor]})
     bad = 0
     graded = {p.name for p in AUTOGRADED.glob("*/*") if p.is_dir()}
     for assignment in [a for a in chapters() if a in graded]:
