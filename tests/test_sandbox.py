@@ -1,7 +1,8 @@
 """One grading slot, two submissions in a row, through the real sandbox and zygote: the second finds nothing
-the first left behind, and neither can reach the zygote that forked it."""
+the first left behind, neither can reach the zygote that forked it, and the disk they may fill is /tmp's."""
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ if os.fork() == 0:
     os.setsid()
     os.execvp("sleep", ["sleep", "301"])
 open("/tmp/note-for-the-next-one", "w").write("answers")
+open("note-in-my-folder", "w").write("answers")
 libc = ctypes.CDLL(None)
 shm = libc.shmget(4242, 4096, 0o1600)
 print("left", shm >= 0)
@@ -30,7 +32,7 @@ import ctypes, os
 mine = {os.getpid(), 1, os.getppid()}
 print("processes", sorted(open(f"/proc/{p}/cmdline").read().replace("\\0", " ").strip()
                           for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine))
-print("tmp", sorted(p for p in os.listdir("/tmp") if not p.startswith("pytest")))
+print("tmp", sorted(p for p in os.listdir("/tmp") if not p.startswith("pytest")), "cwd", os.getcwd(), os.listdir("."))
 print("shm", ctypes.CDLL(None).shmget(4242, 0, 0))
 print("uid", os.getuid(), "capabilities", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
 try:
@@ -38,6 +40,20 @@ try:
     print("zygote fds readable")
 except PermissionError:
     print("zygote fds hidden")
+for shared in (os.environ["IPYTHONDIR"], os.path.dirname(os.environ["JUPYTER_RUNTIME_DIR"] + "/x")):
+    try:
+        open(os.path.join(shared, "filler"), "w").write("x")
+        print("wrote into", shared)
+    except PermissionError:
+        pass
+written = 0
+try:
+    for i in range(40):  # 40 x 64 MB: far beyond the quota
+        with open(f"filler{i}", "wb") as f:
+            f.write(bytes(64 << 20))
+        written += 64
+except OSError as e:
+    print("disk full after", written, "MB:", e.strerror)
 """
 
 
@@ -57,16 +73,16 @@ def _text(job: Path) -> str:
 def test_a_submission_leaves_nothing_for_the_next(tmp_path):
     os.chmod(tmp_path, 0o755)
     slot = tmp_path / "slot0"
-    for d in sandbox.SANDBOX_DIRS:
-        (slot / d).mkdir(parents=True)
-        if os.geteuid() == 0:
-            os.chown(slot / d, sandbox.UID_BASE, sandbox.UID_BASE)
+    sandbox.empty(slot)
+    sandbox.hand_over(slot, 0)
     zygote = sandbox.Zygote(slot, 0)
     try:
         first, second = _job(tmp_path, "first", LEAVE), _job(tmp_path, "second", LOOK)
         assert sandbox.run(first, slot, 0, zygote)["status"] == "graded"
         assert "left True" in _text(first)
         assert zygote.wait_clean()
+        sandbox.empty(slot)  # what the pipeline does between two submissions (autograde.prepare)
+        sandbox.hand_over(slot, 0)
         result = sandbox.run(second, slot, 0, zygote)
         assert zygote.wait_clean()
     finally:
@@ -74,7 +90,10 @@ def test_a_submission_leaves_nothing_for_the_next(tmp_path):
     assert result["status"] == "graded" and result["kernel_start_seconds"] < 5
     seen = _text(second)
     assert "processes []" in seen, seen
-    assert "tmp []" in seen and "shm -1" in seen, seen
+    assert "tmp ['work'] cwd /tmp/work" in seen and "note-in-my-folder" not in seen and "shm -1" in seen, seen
+    assert "wrote into" not in seen, seen
+    full = re.search(r"disk full after (\d+) MB: No space left on device", seen)
+    assert full and int(full.group(1)) <= sandbox.LIMITS["tmp_mb"], seen
     assert "capabilities 0000000000000000" in seen and "zygote fds hidden" in seen, seen
     if os.geteuid() == 0:
         assert f"uid {sandbox.UID_BASE} " in seen, seen
@@ -85,8 +104,7 @@ def test_without_the_sandbox_the_kernel_still_runs_and_its_processes_are_stopped
     its own session is killed when it ends."""
     monkeypatch.setenv("GRADER_NO_SANDBOX", "1")
     slot = tmp_path / "slot0"
-    for d in sandbox.SANDBOX_DIRS:
-        (slot / d).mkdir(parents=True)
+    sandbox.empty(slot)
     marker = f"sleep {300 + os.getpid() % 97}"
     job = _job(tmp_path, "job", f"import subprocess, torch\nsubprocess.Popen({marker.split()!r})\nprint(torch.ones(2).sum().item())")
     zygote = sandbox.Zygote(slot, 0)

@@ -113,19 +113,17 @@ def prepare(student: str, assignment: str, job: Path, slot: "Slot", cell_timeout
     tests = [c.source for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
     nonce = "GRADER-" + secrets.token_hex(16)
     box = slot.dir
-    for d in sandbox.SANDBOX_DIRS:  # empty what the previous submission of this slot left (not the mounts)
-        for entry in (box / d).iterdir():
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    sandbox.empty(box)
     (box / "ipython/profile_default/startup").mkdir(parents=True)
     for src in (folder, SOLUTIONS / assignment):  # files next to the notebook; master files win
         for extra in src.iterdir():
             if extra.suffix != ".ipynb" and extra.name not in JUNK and extra.name != "timestamp.txt":
                 if extra.is_dir():
-                    shutil.copytree(extra, box / "work" / extra.name, dirs_exist_ok=True)
+                    shutil.copytree(extra, box / "inbox" / extra.name, dirs_exist_ok=True)
                 else:
-                    shutil.copy2(extra, box / "work" / extra.name)
+                    shutil.copy2(extra, box / "inbox" / extra.name)
     if MPL_CACHE.is_dir():
-        shutil.copytree(MPL_CACHE, box / "work" / ".mpl", dirs_exist_ok=True)
+        shutil.copytree(MPL_CACHE, box / "inbox" / ".mpl", dirs_exist_ok=True)
     shutil.copy(Path(__file__).with_name("guard.py"), box / "ipython/profile_default/startup/00-grader-guard.py")
     refs = {"references": (REFERENCES / "__init__.py").read_text()}
     refs.update({f"references.{p.stem}": p.read_text() for p in REFERENCES.glob("*.py") if p.stem != "__init__"})
@@ -134,12 +132,7 @@ def prepare(student: str, assignment: str, job: Path, slot: "Slot", cell_timeout
     job.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, job / "prepared.ipynb")
     (job / "job.json").write_text(json.dumps({"cell_timeout": cell_timeout, "nonce": nonce}))
-    uid = sandbox.UID_BASE + slot.index
-    for d in sandbox.SANDBOX_DIRS:
-        os.chmod(box / d, 0o755)
-        if os.geteuid() == 0:
-            for p in [box / d, *(box / d).rglob("*")]:
-                os.lchown(p, uid, uid)
+    sandbox.hand_over(box, slot.index)
     return None, flags
 
 
@@ -161,8 +154,7 @@ class Slot:
 
     def __init__(self, index: int, base: Path):
         self.index, self.dir, self.proc, self.lines = index, base / f"slot{index}", None, queue.Queue()
-        for d in sandbox.SANDBOX_DIRS:
-            (self.dir / d).mkdir(parents=True, exist_ok=True)
+        sandbox.empty(self.dir)
         os.chmod(base, 0o755)
 
     def _start(self):

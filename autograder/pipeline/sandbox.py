@@ -7,8 +7,8 @@ so learner code cannot read the hidden tests that come after it, nor the gradebo
 or other submissions (all hidden behind empty tmpfs mounts).
 
 Each slot's sandbox holds one zygote (zygote.py) that has torch & co imported and forks a fresh kernel per
-submission; the sandbox's writable folders (work, kernel, guard, ipython) are refilled by the pipeline
-between submissions, the zygote empties /tmp and kills leftovers.
+submission; the slot's shared folders (SANDBOX_DIRS) are refilled by the pipeline between submissions, the
+zygote gives each kernel a fresh copy of the submission's files in /tmp, empties /tmp and kills leftovers.
 
 Run as `python -m autograder.pipeline.sandbox SLOT_DIR SLOT` (one long-lived process per slot, so a crash or a
 memory blow-up here cannot take the pipeline down): it reads job directories on stdin, runs each
@@ -50,12 +50,21 @@ def _visible_again() -> list[str]:
     return [str(p) for p in (base, ROOT / ".venv", Path(sys.prefix), ROOT / "course") if p.exists()]
 
 
-SANDBOX_DIRS = ("work", "kernel", "guard", "ipython")  # the only writable folders inside, all per slot
+# Per slot, shared with the pipeline outside: the submission's files (read-only inside: the zygote copies them
+# to a fresh work folder in the size-limited /tmp for each kernel), the IPC sockets + connection file, the
+# guard's one-shot config, IPython's profile. The last three are locked once the kernel is up (lock()).
+SANDBOX_DIRS = ("inbox", "kernel", "guard", "ipython")
+
+
+def _work_dir(slot_dir: Path) -> Path:
+    """Where each kernel runs: in the sandbox's own /tmp (so /tmp's size limit is its disk quota)."""
+    return slot_dir / "run" if os.environ.get("GRADER_NO_SANDBOX") else Path("/tmp/work")
 
 
 def _kernel_env(slot_dir: Path) -> dict:
-    return {"HOME": str(slot_dir / "work"), "LANG": "C.UTF-8", "IPYTHONDIR": str(slot_dir / "ipython"),
-            "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(slot_dir / "work" / ".mpl"),
+    work = _work_dir(slot_dir)
+    return {"HOME": str(work), "LANG": "C.UTF-8", "IPYTHONDIR": str(slot_dir / "ipython"),
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / ".mpl"),
             "GRADER_GUARD": str(slot_dir / "guard" / "guard.json"), "OMP_NUM_THREADS": "1",
             "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "JUPYTER_RUNTIME_DIR": str(slot_dir / "kernel"),
             "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
@@ -76,9 +85,9 @@ def command(slot_dir: Path, slot: int, limits: dict = LIMITS) -> list[str]:
     for d in (slot_dir.parent, slot_dir):  # bwrap would create these 0700: unreadable for the sandbox uid
         cmd += ["--perms", "0755", "--dir", str(d)]
     for d in SANDBOX_DIRS:
-        cmd += ["--bind", str(slot_dir / d), str(slot_dir / d)]
+        cmd += ["--ro-bind" if d == "inbox" else "--bind", str(slot_dir / d), str(slot_dir / d)]
     cmd += ["--ro-bind", str(Path(__file__).with_name("zygote.py")), str(slot_dir / "zygote.py"),
-            "--chdir", str(slot_dir / "work"), "--clearenv"]
+            "--chdir", "/tmp", "--clearenv"]
     env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", **_kernel_env(slot_dir)}
     for k, v in env.items():
         cmd += ["--setenv", k, v]
@@ -156,7 +165,7 @@ class Zygote:
 
     def __init__(self, slot_dir: Path, slot: int, limits: dict = LIMITS, log=subprocess.DEVNULL):
         t0 = time.monotonic()
-        script = [sys.executable, str(slot_dir / "zygote.py")]
+        script = [sys.executable, str(slot_dir / "zygote.py"), str(slot_dir / "inbox"), str(_work_dir(slot_dir))]
         if not os.environ.get("GRADER_NO_SANDBOX"):
             script.append("--own-pid-namespace")
         else:
@@ -263,6 +272,34 @@ def _kernel_manager(slot_dir: Path, slot: int, zygote: Zygote):
     return km
 
 
+def empty(slot_dir: Path) -> None:
+    """Remove what the previous submission of this slot left in the shared folders (the mounts stay)."""
+    for d in SANDBOX_DIRS:
+        (slot_dir / d).mkdir(parents=True, exist_ok=True)
+        for entry in (slot_dir / d).iterdir():
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
+def hand_over(slot_dir: Path, slot: int) -> None:
+    """The shared folders, once filled for the next submission, become the slot's uid's (as root)."""
+    for d in SANDBOX_DIRS:
+        os.chmod(slot_dir / d, 0o755)
+    _chown(slot_dir, UID_BASE + slot)
+
+
+def lock(slot_dir: Path) -> None:
+    """Once the kernel is up (sockets bound, guard config read, profile made), learner code gets no more room
+    on this disk: the shared folders become root's. (Run as root only; else they stay the instructor's.)"""
+    _chown(slot_dir, 0)
+
+
+def _chown(slot_dir: Path, uid: int) -> None:
+    if os.geteuid() == 0:
+        for d in SANDBOX_DIRS:
+            for p in [slot_dir / d, *(slot_dir / d).rglob("*")]:
+                os.lchown(p, uid, uid)
+
+
 def run(job: Path, slot_dir: Path, slot: int, zygote: Zygote) -> dict:
     """Execute job/prepared.ipynb in a kernel forked by zygote; return {"status": ..., "seconds": ...}."""
     import nbformat
@@ -292,12 +329,13 @@ def run(job: Path, slot_dir: Path, slot: int, zygote: Zygote) -> dict:
     client = CappedClient(nb, km=km, timeout=spec["cell_timeout"],
                           allow_errors=True, interrupt_on_timeout=False, startup_timeout=120,
                           extra_arguments=["--HistoryManager.hist_file=:memory:"],
-                          resources={"metadata": {"path": str(slot_dir / "work")}}, record_timing=True)
+                          record_timing=True)
     t0 = time.monotonic()
     status, failed_cell = "graded", None
     try:
         with client.setup_kernel():
             started = time.monotonic() - t0
+            lock(slot_dir)
             for index, cell in enumerate(nb.cells):
                 failed_cell = index
                 client.execute_cell(cell, index)

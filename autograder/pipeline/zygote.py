@@ -1,15 +1,17 @@
 """One worker slot's kernel zygote: imports torch and friends once, then forks a fresh kernel per submission.
 
-Starting a kernel costs ~5 s of CPU, as much as running a whole chapter: Python, ipykernel, torch,
-matplotlib and the course package. This process pays that once per slot, inside the slot's sandbox, as the
+Starting a kernel costs ~4 s of CPU (Python, ipykernel, torch, matplotlib, the course) and the first
+emulated op ~2.5 s more (lazy imports): as much as running a whole chapter. This process pays that once per slot, inside the slot's sandbox, as the
 slot's unprivileged uid, and never runs learner code itself. Each kernel is a fork of it that gets its own
 user and IPC namespaces (no SysV/POSIX IPC or keyrings carried over), no capabilities, reseeded RNGs, and
 the per-submission guard (an IPython startup file, as before). When a kernel ends, every process it left
 is killed and /tmp emptied before the next submission of this slot may start.
 
-Run by sandbox.Zygote as `python zygote.py [--own-pid-namespace]`. It speaks JSON lines on the pipes it
-was started with (learner code cannot reach them: the kernel gets /dev/null, and this process is not
-dumpable, so /proc/<pid>/fd and ptrace are closed to the same uid):
+Run by sandbox.Zygote as `python zygote.py INBOX WORK [--own-pid-namespace]`: each kernel starts in WORK, a
+fresh copy of the submission's files from INBOX (in the sandbox WORK is in /tmp, so /tmp's size limit is
+the submission's whole disk quota). It speaks JSON lines on the pipes it was started with (learner code
+cannot reach them: the kernel gets /dev/null, and this process is not dumpable, so /proc/<pid>/fd and
+ptrace are closed to the same uid):
   -> {"spawn": [kernel arguments]}   <- {"spawned": pid}
   -> {"signal": n}                   (for the running kernel)
                                      <- {"exited": returncode}, then {"clean": true}
@@ -62,6 +64,12 @@ def warm_up() -> None:
             torch.cuda.comm.broadcast(x.detach(), devices=[0, 1])
             x.detach().to("cuda:1").cpu()
             torch.cuda.synchronize()
+
+
+def fresh_work_dir(inbox: str, work: str) -> None:
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(inbox, work, symlinks=True)
+    os.chdir(work)
 
 
 def own_namespaces() -> None:
@@ -120,6 +128,7 @@ def clean(sandboxed: bool, kernel_pid: int) -> None:
         time.sleep(0.01)
     else:
         sys.exit("zygote: processes left by a submission would not die")
+    os.chdir("/")
     if sandboxed:
         for entry in os.scandir("/tmp"):
             if entry.stat(follow_symlinks=False).st_uid != os.getuid():
@@ -144,6 +153,7 @@ def reap() -> list[tuple[int, int]]:
 
 
 def main() -> None:
+    inbox, work = sys.argv[1:3]
     sandboxed = "--own-pid-namespace" in sys.argv
     # The protocol pipes move off fds 0/1 so nothing printed during imports (or inherited) can reach them.
     rx, tx = os.dup(0), os.dup(1)
@@ -156,6 +166,7 @@ def main() -> None:
     def send(msg):
         os.write(tx, (json.dumps(msg) + "\n").encode())
 
+    fresh_work_dir(inbox, work)  # matplotlib finds its font cache (MPLCONFIGDIR) in there
     send({"ready": round(preload(), 2)})
     child, buffer = None, b""
     while True:
@@ -168,6 +179,7 @@ def main() -> None:
                 line, buffer = buffer.split(b"\n", 1)
                 request = json.loads(line)
                 if "spawn" in request and child is None:
+                    fresh_work_dir(inbox, work)
                     child = os.fork()
                     if child == 0:
                         code = 1
