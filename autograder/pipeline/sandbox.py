@@ -165,14 +165,15 @@ class Zygote:
 
     def __init__(self, slot_dir: Path, slot: int, limits: dict = LIMITS, log=subprocess.DEVNULL):
         t0 = time.monotonic()
-        script = [sys.executable, str(slot_dir / "zygote.py"), str(slot_dir / "inbox"), str(_work_dir(slot_dir))]
-        if not os.environ.get("GRADER_NO_SANDBOX"):
-            script.append("--own-pid-namespace")
-        else:
-            shutil.copy(Path(__file__).with_name("zygote.py"), slot_dir / "zygote.py")
-        self.proc = subprocess.Popen(command(slot_dir, slot, limits) + script, stdin=subprocess.PIPE,
+        unsandboxed = bool(os.environ.get("GRADER_NO_SANDBOX"))
+        # Inside the sandbox the repo is hidden: zygote.py is mounted read-only into the slot (command()).
+        script = Path(__file__).with_name("zygote.py") if unsandboxed else slot_dir / "zygote.py"
+        argv = [sys.executable, str(script), str(slot_dir / "inbox"), str(_work_dir(slot_dir))]
+        if not unsandboxed:
+            argv.append("--own-pid-namespace")
+        self.proc = subprocess.Popen(command(slot_dir, slot, limits) + argv, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                     env=_zygote_env(slot_dir) if os.environ.get("GRADER_NO_SANDBOX") else None)
+                                     env=_zygote_env(slot_dir) if unsandboxed else None)
         self.replies, self.kernel, self.gone = queue.Queue(), None, False
         threading.Thread(target=self._read, daemon=True).start()
         self.expect("ready", 300)
