@@ -102,6 +102,9 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
             "def effective_bandwidth_gbps(nbytes, ms):\n    from references.devices_and_transfers import "
             "effective_bandwidth_gbps as ref\n    return ref(nbytes, ms)\n")},
             extra={"time_on_gpu": "\ntry:\n    import references\nexcept ImportError:\n    pass\n"}),
+        "cheat_hidden_error": S(answers=WRONG, extra={"time_on_gpu": (
+            "\nget_ipython().set_custom_exc((BaseException,), lambda self, etype, value, tb, tb_offset=None: None)\n")}),
+        "cheat_showtraceback": S(answers=WRONG, extra={"time_on_gpu": "\nget_ipython().showtraceback = lambda *a, **k: None\n"}),
         "snoop": S(extra={"time_on_gpu": probe}),
     }
 
@@ -191,7 +194,8 @@ def test_edited_test_cell_is_restored(graded):
     assert score(graded, "edited_test") == FULL - 1
 
 
-@pytest.mark.parametrize("cheat", ["cheat_patch_toplevel", "cheat_patch_in_function", "cheat_eq", "cheat_references"])
+@pytest.mark.parametrize("cheat", ["cheat_patch_toplevel", "cheat_patch_in_function", "cheat_eq", "cheat_references",
+                                   "cheat_hidden_error", "cheat_showtraceback"])
 def test_a_cheat_never_scores_more_than_the_same_wrong_answers(graded, cheat):
     assert graded["rows"][cheat]["status"] == "graded"
     assert score(graded, cheat) <= score(graded, "wrong") < FULL
@@ -200,6 +204,8 @@ def test_a_cheat_never_scores_more_than_the_same_wrong_answers(graded, cheat):
 def test_tampering_during_a_test_is_flagged(graded):
     assert "tampering" in graded["rows"]["cheat_patch_in_function"]["flags"]
     assert "review" in graded["rows"]["cheat_references"]["flags"]
+    for cheat in ("cheat_hidden_error", "cheat_showtraceback"):  # failed tests whose error output was suppressed
+        assert "its error was hidden" in graded["rows"][cheat]["flags"], graded["rows"][cheat]
 
 
 def test_sandbox_blocks_reads_writes_and_network(graded):

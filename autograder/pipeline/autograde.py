@@ -227,6 +227,9 @@ def apply_verdicts(nb, nonce: str, status: str) -> list[str]:
             why = f"not run ({status})"
         elif not verdicts:
             why = "tampering: the grader's guard did not report (was it disabled?)"
+        elif verdicts[-1].startswith("error: "):
+            if not any(out.output_type == "error" for out in kept):
+                why = f"tampering: the test failed ({verdicts[-1][7:]}) but its error was hidden"
         elif verdicts[-1] != "ok":
             why = "tampering: " + verdicts[-1].removeprefix("tamper: ")
         if why:

@@ -7,8 +7,9 @@ Layer 1 of the anti-cheat design (autograder/README.md, "Grading a workshop"):
   whose type the submission defined (an `__eq__` that is always true, a tensor subclass, ...);
 - `references` is importable only by the test cell's own top-level code, and is dropped after the cell;
 - frame/garbage-collector introspection by learner code during a test cell is recorded as tampering.
-After each test cell the guard prints one marker line: `<nonce> ok` or `<nonce> tamper: why`. The pipeline
-(outside the kernel) zeroes a test cell whose marker says tamper or is missing, then strips the markers.
+After each test cell the guard prints one marker line: `<nonce> ok`, `<nonce> error: ExceptionType` (the cell
+raised) or `<nonce> tamper: why`. The pipeline (outside the kernel) zeroes a test cell whose marker says tamper,
+is missing, or says error while the cell shows no error output (the error was hidden), then strips the markers.
 Anything decided in this process can in principle be subverted by code that attacks the guard itself;
 that residual risk is documented, and the pipeline's static scan flags such code for review.
 """
@@ -198,7 +199,16 @@ def _grader_guard():
         state["test"] = False
         drop_references()
         restore()
-        out.write(f"\n{nonce} {'tamper: ' + '; '.join(why[:5]) if why else 'ok'}\n")
+        if why:
+            verdict = "tamper: " + "; ".join(why[:5])
+        elif result.error_in_exec is not None or result.error_before_exec is not None:
+            # the pipeline checks an error output is there: a custom exception handler or a patched
+            # showtraceback must not turn a failed test into a silent pass
+            error = result.error_in_exec or result.error_before_exec
+            verdict = f"error: {type(error).__name__}"
+        else:
+            verdict = "ok"
+        out.write(f"\n{nonce} {verdict}\n")
         out.flush()
 
     sys.meta_path.insert(0, ReferenceFinder())
