@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import AUTOGRADED, COURSE, COURSE_ID, ROOT, DB_URL, REFERENCES, SOLUTIONS, STATE, SUBMITTED, chapters, sandbox, scan
 
-VERSION = "1"  # bump to regrade everything after a change to the pipeline itself
+VERSION = "2"  # bump to regrade everything after a change to the pipeline itself
 JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store"}
 
 
