@@ -199,12 +199,12 @@ def _grader_guard():
         state["test"] = False
         drop_references()
         restore()
+        # the pipeline checks an error output is there: a custom exception handler or a patched
+        # showtraceback must not turn a failed test into a silent pass
+        error = result.error_in_exec or result.error_before_exec
         if why:
             verdict = "tamper: " + "; ".join(why[:5])
-        elif result.error_in_exec is not None or result.error_before_exec is not None:
-            # the pipeline checks an error output is there: a custom exception handler or a patched
-            # showtraceback must not turn a failed test into a silent pass
-            error = result.error_in_exec or result.error_before_exec
+        elif error is not None:
             verdict = f"error: {type(error).__name__}"
         else:
             verdict = "ok"
