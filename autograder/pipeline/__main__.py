@@ -1,4 +1,4 @@
-"""`python -m autograder.pipeline <command>`: release | collect ZIP | autograde | feedback | grades | check."""
+"""`python -m autograder.pipeline <command>`: release | collect ZIP | autograde | feedback | grades | check | selfcheck."""
 import argparse
 import os
 import sys
@@ -24,6 +24,9 @@ def main(argv=None) -> int:
     sub.add_parser("feedback", help="feedback HTML per student, hidden tests removed")
     sub.add_parser("grades", help="autograder/grades.csv with a status column")
     sub.add_parser("check", help="say whether the sandbox works here")
+    s = sub.add_parser("selfcheck", help="a chapter's hidden tests pass on its solution and record what they expect")
+    s.add_argument("chapter", nargs="*")
+    s.add_argument("--notebook", help="run this copy of the chapter's solution (with a wrong answer, say) instead")
     args = p.parse_args(argv)
 
     if args.cmd == "check" or args.cmd == "autograde":
@@ -57,6 +60,13 @@ def main(argv=None) -> int:
     if args.cmd == "feedback":
         from .feedback import feedback
         return feedback()
+    if args.cmd == "selfcheck":
+        from . import chapters
+        from .expected import selfcheck
+        from pathlib import Path
+        if args.notebook and len(args.chapter) != 1:
+            p.error("--notebook needs exactly one chapter")
+        return selfcheck(args.chapter or chapters(), Path(args.notebook).resolve() if args.notebook else None)
     if args.cmd == "grades":
         from .grades import grades
         return grades()
