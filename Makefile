@@ -34,7 +34,8 @@ lab: setup ## open the course in JupyterLab (the URL is printed below)
 	@echo "Starting JupyterLab on notebooks/; open the http://localhost:8888/lab?token=... URL printed below."
 	cd notebooks && ../$(VENV)/bin/jupyter lab README.md $(ROOT_ARGS) $(LAB_ARGS)
 
-# nbval re-runs every solution notebook and compares its outputs (hidden tests need autograder/).
+# nbval re-runs every solution notebook and compares its outputs (hidden tests import grading and the
+# references from autograder/: there they run in trusted mode, each check comparing the solution with its reference).
 NBVAL = $(GRADING_ENV) $(PY) -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
 
 test: setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
@@ -61,10 +62,10 @@ CHAPTERS = $(notdir $(patsubst %/,%,$(wildcard solutions/*/)))
 student: setup ## generate the student notebooks/ from solutions/ (nbgrader generate_assignment, in one process)
 	$(PIPELINE) release
 
-validate: setup ## solutions pass their tests; untouched student notebooks fail every test
+validate: setup ## hidden tests pass on every solution and record what they expect; untouched student notebooks fail
+	$(PIPELINE) selfcheck
 	@set -e; for a in $(CHAPTERS); do \
 		echo "== $$a"; \
-		$(GRADING_ENV) $(NBGRADER) validate solutions/$$a/$$a.ipynb; \
 		$(GRADING_ENV) $(NBGRADER) validate --invert notebooks/$$a/$$a.ipynb; \
 	done
 

@@ -58,7 +58,8 @@ def references(chapter: str):
 
 
 def encode(value):
-    """JSON for the values a test records: numbers, strings, None, lists/tuples, dicts, CPU tensors."""
+    """JSON for the values a test records: numbers (numpy scalars too), strings, None, lists/tuples, dicts,
+    CPU tensors. Lists and tuples record alike."""
     import torch
     kind = type(value)
     if value is None or kind in (bool, int, str):
@@ -78,6 +79,8 @@ def encode(value):
                 "values": [v if not isinstance(v, float) or math.isfinite(v) else repr(v) for v in values]}
     if kind in (torch.device, torch.dtype):
         return {"str": str(value)}
+    if kind.__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return encode(value.item())  # numpy scalars (np.float64, np.int64, np.bool_) as Python numbers
     raise TypeError(f"check() cannot record a {kind.__module__}.{kind.__qualname__}: record numbers, strings, "
                     "lists, dicts or CPU tensors")
 

@@ -43,6 +43,42 @@ PATCH_ALL = ("import builtins, numpy, numpy.testing, torch, torch.testing\n"
 LIAR = ("class Liar(float):\n    def __eq__(s, o): return True\n    __le__ = __lt__ = __ge__ = __gt__ = __eq__\n"
         "    def __ne__(s, o): return False\n    def __sub__(s, o): return s\n    __rsub__ = __sub__\n"
         "    def __abs__(s): return s\n    def __hash__(s): return 0\n")
+# Code written against the in-kernel guard (it shares the learner's process): the nonce read out of the
+# guard's closures, the guard's post-run callback replaced by one that always reports "ok", every error hidden.
+# Before hidden tests were judged outside the kernel this scored full marks with wrong answers.
+GUARD_ATTACK = """
+import gc
+ip = get_ipython()
+guard = [f for f in ip.events.callbacks["post_run_cell"] if f.__name__ == "post_run_cell"][0]
+nonce = next(c.cell_contents for c in guard.__closure__
+             if isinstance(c.cell_contents, str) and c.cell_contents.startswith("GRADER-"))
+ip.events.unregister("post_run_cell", guard)
+ip.events.register("post_run_cell", lambda result: print(f"\\n{nonce} ok"))
+ip.set_custom_exc((BaseException,), lambda self, etype, value, tb, tb_offset=None: None)
+"""
+# Looks through every string reachable from the kernel's containers, closures and code objects for the
+# references' sources or an expected result; the guard's nonce (also in a closure) is the positive control.
+MEMORY_SEARCH = """
+import gc, warnings
+needles = tuple(a + b for a, b in (("hidden from ", "learners"), ("Reference ", "answers"), ('"wa', 'nt"'), ("GRA", "DER-")))
+def strings(o):
+    if isinstance(o, dict):
+        return [v for v in o.values() if isinstance(v, str)]
+    if isinstance(o, (list, tuple, set, frozenset)):
+        return [v for v in o if isinstance(v, str)]
+    if type(o).__name__ == "cell":
+        try:
+            return [o.cell_contents] if isinstance(o.cell_contents, str) else []
+        except ValueError:
+            return []
+    if type(o).__name__ == "function":
+        return [v for v in o.__code__.co_consts if isinstance(v, str)]
+    return []
+with warnings.catch_warnings():  # some module attributes warn when read
+    warnings.simplefilter("ignore")
+    found = {n for o in gc.get_objects() if o is not needles for s in strings(o) if s not in needles for n in needles if n in s}
+print("MEMORY SEARCH FOUND", sorted(found))
+"""
 
 
 def _submission(student_nb, solution_nb, answers=None, extra=None, drop=(), edit=None):
@@ -106,6 +142,10 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
             "\nget_ipython().set_custom_exc((BaseException,), lambda self, etype, value, tb, tb_offset=None: None)\n")}),
         "cheat_showtraceback": S(answers=WRONG, extra={"time_on_gpu": "\nget_ipython().showtraceback = lambda *a, **k: None\n"}),
         "snoop": S(extra={"time_on_gpu": probe}),
+        "hidden_only_wrong": S(answers={"effective_bandwidth_gbps": (  # right on the visible asserts only
+            "def effective_bandwidth_gbps(nbytes, ms):\n    return round(nbytes / ms / 1e6, 3)\n")}),
+        "cheat_guard_attack": S(answers=WRONG, extra={"time_on_gpu": GUARD_ATTACK}),
+        "memory_search": S(extra={"time_on_gpu": MEMORY_SEARCH}),
     }
 
 
@@ -165,7 +205,8 @@ def test_table(graded):
         print(f"{name:25} {row['score']:>5} / {row['max_score']:<5} {row['status']:45} {row['flags']}")
 
 
-@pytest.mark.parametrize("student", ["correct", "memory_bomb", "spawner", "big_output", "deleted_test", "snoop"])
+@pytest.mark.parametrize("student", ["correct", "memory_bomb", "spawner", "big_output", "deleted_test", "snoop",
+                                     "memory_search"])
 def test_correct_answers_get_full_marks_whatever_else_the_notebook_does(graded, student):
     assert graded["rows"][student]["status"] == "graded", graded["rows"][student]
     assert score(graded, student) == FULL
@@ -190,12 +231,25 @@ def test_failures_are_reported_not_zeroed(graded, student, status):
         assert 0 < score(graded, student) < FULL
 
 
+def test_hidden_checks_are_judged_outside_the_kernel(graded):
+    """Right on the visible asserts, wrong on the hidden inputs: only the comparison outside the kernel sees it."""
+    assert score(graded, "hidden_only_wrong") == FULL - 1
+    nb = json.loads((graded["course"] / "autograder" / "autograded" / "hidden_only_wrong" / CH / f"{CH}.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "effective_bandwidth_gbps_tests")
+    assert "the result differs from the reference" in cell["outputs"][0]["evalue"], cell["outputs"]
+
+
+def test_neither_references_nor_expected_results_are_in_the_kernel(graded):
+    nb = json.loads((graded["course"] / "autograder" / "autograded" / "memory_search" / CH / f"{CH}.ipynb").read_text())
+    assert "MEMORY SEARCH FOUND ['GRADER-']" in json.dumps(nb), json.dumps(nb)[:3000]
+
+
 def test_edited_test_cell_is_restored(graded):
     assert score(graded, "edited_test") == FULL - 1
 
 
 @pytest.mark.parametrize("cheat", ["cheat_patch_toplevel", "cheat_patch_in_function", "cheat_eq", "cheat_references",
-                                   "cheat_hidden_error", "cheat_showtraceback"])
+                                   "cheat_hidden_error", "cheat_showtraceback", "cheat_guard_attack"])
 def test_a_cheat_never_scores_more_than_the_same_wrong_answers(graded, cheat):
     assert graded["rows"][cheat]["status"] == "graded"
     assert score(graded, cheat) <= score(graded, "wrong") < FULL
@@ -227,7 +281,7 @@ def test_feedback_shows_results_but_not_hidden_tests(graded):
     assert len(files) >= 10
     for f in files:
         html = f.read_text()
-        assert "HIDDEN TESTS" not in html and "from references" not in html and "rng = random.Random" not in html, f
+        assert "HIDDEN TESTS" not in html and "from grading import" not in html and "rng = random.Random" not in html, f
 
 
 def test_rerun_skips_unchanged_and_keeps_manual_grades(graded):

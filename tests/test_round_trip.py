@@ -98,4 +98,4 @@ def test_feedback_for_every_submission_without_hidden_tests(workshop):
     assert len(pages) == 2 * len(CHAPTERS)
     for page in pages:
         text = page.read_text()
-        assert "BEGIN HIDDEN TESTS" not in text and "from references" not in text, page
+        assert "BEGIN HIDDEN TESTS" not in text and "from grading import" not in text, page

@@ -4,12 +4,15 @@ nbgrader's `autograde` runs the kernel in-process with the gradebook next to it 
 time; here its own preprocessors are split around a sandboxed execution:
   outside, before:  ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells(add_missing_cells),
                     CheckCellMetadata  (test cells restored from the gradebook; deleted ones put back)
-  inside:           the cells run one by one in a sandboxed kernel (sandbox.py), guard.py loaded first
-  outside, after:   guard verdicts applied (tampered / not-run test cells get an error output), then
-                    IgnorePattern, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata
+  inside:           the cells run one by one in a sandboxed kernel (sandbox.py), guard.py loaded first;
+                    hidden tests only record the learner's results (grading.py, learner mode)
+  outside, after:   verdicts applied: test cells that were tampered with, not run, or whose recorded results
+                    differ from the expected ones (expected.py: the same tests run on the solution) get an
+                    error output; then IgnorePattern, LimitOutput, SaveAutoGrades, AssignLatePenalties,
+                    CheckCellMetadata
 Only the parent process writes the gradebook (serialized, no sqlite lock fights); it post-processes one
-notebook while the slot that ran it already executes the next. A submission whose files
-(and the chapter's source) are unchanged since its last grading is skipped; SaveAutoGrades only ever sets
+notebook while the slot that ran it already executes the next. A submission whose files (and the
+chapter's solution, references and course package) are unchanged since its last grading is skipped; SaveAutoGrades only ever sets
 auto_score, so manual grades survive re-runs.
 """
 import hashlib
@@ -27,9 +30,9 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from . import AUTOGRADED, COURSE, COURSE_ID, ROOT, DB_URL, REFERENCES, SOLUTIONS, STATE, SUBMITTED, chapters, sandbox, scan
+from . import AUTOGRADED, COURSE, COURSE_ID, ROOT, DB_URL, SOLUTIONS, STATE, SUBMITTED, chapters, expected, sandbox, scan
 
-VERSION = "2"  # bump to regrade everything after a change to the pipeline itself
+VERSION = "3"  # bump to regrade everything after a change to the pipeline itself
 JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store"}
 
 
@@ -46,12 +49,13 @@ def save_state(state: dict) -> None:
     tmp.replace(STATE)
 
 
-def fingerprint(folder: Path, assignment: str) -> str:
-    """Hash of every submitted file plus the chapter source: what decides whether a grade is stale."""
+def fingerprint(folder: Path, chapter_print: str) -> str:
+    """Hash of every submitted file plus what the chapter's expected results depend on (`expected.fingerprint`:
+    its solution, the references, the course package): what decides whether a grade is stale."""
     h = hashlib.sha256(VERSION.encode())
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not JUNK & set(p.parts)):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update((SOLUTIONS / assignment / f"{assignment}.ipynb").read_bytes())
+    h.update(chapter_print.encode())
     return h.hexdigest()
 
 
@@ -125,10 +129,9 @@ def prepare(student: str, assignment: str, job: Path, slot: "Slot", cell_timeout
     if MPL_CACHE.is_dir():
         shutil.copytree(MPL_CACHE, box / "inbox" / ".mpl", dirs_exist_ok=True)
     shutil.copy(Path(__file__).with_name("guard.py"), box / "ipython/profile_default/startup/00-grader-guard.py")
-    refs = {"references": (REFERENCES / "__init__.py").read_text()}
-    refs.update({f"references.{p.stem}": p.read_text() for p in REFERENCES.glob("*.py") if p.stem != "__init__"})
     (box / "guard" / "guard.json").write_text(json.dumps(
-        {"nonce": nonce, "tests": [hashlib.sha256(t.encode()).hexdigest() for t in tests], "references": refs}))
+        {"nonce": nonce, "tests": [hashlib.sha256(t.encode()).hexdigest() for t in tests],
+         "grading": expected.GRADING.read_text()}))
     job.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, job / "prepared.ipynb")
     (job / "job.json").write_text(json.dumps({"cell_timeout": cell_timeout, "nonce": nonce}))
@@ -198,20 +201,28 @@ class Slot:
             self.proc = None
 
 
-def apply_verdicts(nb, nonce: str, status: str) -> list[str]:
-    """Zero tampered or unexecuted test cells (an error output first), strip guard markers; return flags."""
+def apply_verdicts(nb, nonce: str, status: str, wanted: dict[str, list]) -> list[str]:
+    """Zero test cells that were tampered with, not executed, or whose recorded hidden checks differ from the
+    expected results `wanted` (grade_id -> records of the trusted run): an error output first. Strips the
+    guard's marker lines; returns flags."""
     import nbformat
     flags = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         is_test = cell.metadata.get("nbgrader", {}).get("grade", False)
-        verdicts = []
-        kept = []
+        verdicts, recorded, kept = [], [], []
         for out in cell.get("outputs", []):
             if out.output_type == "stream" and nonce in out.text:
                 lines = out.text.split("\n")
-                verdicts += [ln.split(nonce, 1)[1].strip() for ln in lines if nonce in ln]
+                for ln in lines:
+                    if ln.startswith(f"{nonce} check "):
+                        try:
+                            recorded.append(json.loads(ln[len(nonce) + 7:]))
+                        except ValueError:
+                            recorded.append({})
+                    elif nonce in ln:
+                        verdicts.append(ln.split(nonce, 1)[1].strip())
                 out.text = "\n".join(ln for ln in lines if nonce not in ln)
                 if not out.text.strip():
                     continue
@@ -232,6 +243,8 @@ def apply_verdicts(nb, nonce: str, status: str) -> list[str]:
                 why = f"tampering: the test failed ({verdicts[-1][7:]}) but its error was hidden"
         elif verdicts[-1] != "ok":
             why = "tampering: " + verdicts[-1].removeprefix("tamper: ")
+        if why is None and not any(out.output_type == "error" for out in kept):
+            why = expected.verdicts(wanted.get(grade_id, []), recorded)
         if why:
             if why.startswith("tampering"):
                 flags.append(f"{grade_id}: {why}")
@@ -240,13 +253,13 @@ def apply_verdicts(nb, nonce: str, status: str) -> list[str]:
     return flags
 
 
-def finalize(student: str, assignment: str, job: Path, result: dict, nonce: str) -> list[str]:
+def finalize(student: str, assignment: str, job: Path, result: dict, nonce: str, wanted: dict) -> list[str]:
     """Executed notebook -> gradebook (nbgrader's own grading preprocessors) and autograded/ copy."""
     import nbformat
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput,
                                         SaveAutoGrades)
     nb = nbformat.read(job / "executed.ipynb", as_version=4)
-    flags = apply_verdicts(nb, nonce, result["status"])
+    flags = apply_verdicts(nb, nonce, result["status"], wanted)
     nb, _ = _run_preprocessors(nb, _resources(student, assignment),
                                [IgnorePattern, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata])
     dest = AUTOGRADED / student / assignment
@@ -273,6 +286,7 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
     from nbgrader.api import Gradebook
     with Gradebook(DB_URL, COURSE_ID) as gb:
         known = set(chapters()) & {a.name for a in gb.assignments}
+    chapter_prints = {a: expected.fingerprint(a) for a in known}
     state = load_state()
     todo, counts = [], {"graded": 0, "failed": 0, "skipped": 0}
     for student, assignment in submissions():
@@ -284,12 +298,21 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
                           "hash": None}
             counts["failed"] += 1
             continue
-        digest = fingerprint(SUBMITTED / student / assignment, assignment)
+        digest = fingerprint(SUBMITTED / student / assignment, chapter_prints[assignment])
         if not force and state.get(key, {}).get("hash") == digest and not state[key]["status"].startswith(
-                "failed: sandbox error"):
+                ("failed: sandbox error", "failed: grader error")):
             counts["skipped"] += 1
             continue
         todo.append((student, assignment, digest))
+    needed = sorted({a for _, a, _ in todo})
+    if needed and not quiet:
+        print(f"expected results of {len(needed)} chapter(s): the hidden tests run on the solutions "
+              "(only when a solution, a reference or the course changed)", file=sys.stderr)
+    wanted = expected.load_all(needed, jobs)
+    for student, assignment, digest in [t for t in todo if isinstance(wanted[t[1]], str)]:
+        _record(state, student, assignment, digest, {"status": f"failed: grader error ({wanted[assignment]})"[:300]},
+                [], counts)
+    todo = [t for t in todo if not isinstance(wanted[t[1]], str)]
     warm_matplotlib()
     base = Path(tempfile.mkdtemp(prefix="mgpu-grading-"))
     tty = sys.stderr.isatty() and not quiet
@@ -321,7 +344,7 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
                 nonce = json.loads((job / "job.json").read_text())["nonce"]
                 if (job / "executed.ipynb").exists():
                     try:
-                        flags = flags + finalize(student, assignment, job, result, nonce)
+                        flags = flags + finalize(student, assignment, job, result, nonce, wanted[assignment])
                     except Exception as e:
                         result["status"] = f"failed: sandbox error ({type(e).__name__}: {str(e)[:80]})"
                 result["parent_seconds"] = round(parent_seconds + time.monotonic() - t, 2)

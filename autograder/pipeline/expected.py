@@ -19,7 +19,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import AUTOGRADER, REFERENCES, ROOT, SOLUTIONS, chapters
+from . import AUTOGRADER, REFERENCES, ROOT, SOLUTIONS
 
 EXPECTED = AUTOGRADER / "expected"
 GRADING = ROOT / "autograder" / "grading.py"

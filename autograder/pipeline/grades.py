@@ -25,7 +25,7 @@ def rows() -> list[dict]:
             info = state[key]
             row = {"student": student, "assignment": assignment, "score": "", "status": info["status"],
                    "max_score": max_scores.get(assignment, ""), "needs_manual_grade": "", "flags": "; ".join(info.get("flags", []))}
-            nothing = any(w in info["status"] for w in ("missing", "misnamed", "corrupt", "unknown", "sandbox error"))
+            nothing = any(w in info["status"] for w in ("missing", "misnamed", "corrupt", "unknown", "sandbox error", "grader error"))
             if not nothing:
                 try:
                     sub = gb.find_submission(assignment, student)

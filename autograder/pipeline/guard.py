@@ -1,29 +1,34 @@
 """IPython startup file for the sandboxed grading kernel (copied into the sandbox's IPYTHONDIR).
 
 It runs before the first cell, so it sees the real torch/numpy/builtins before learner code can touch them.
-Layer 1 of the anti-cheat design (autograder/README.md, "Grading a workshop"):
-- before every cell, the comparison helpers and builtins are put back (top-level monkey-patching undone);
-- in test cells (known by the hash of their source), comparisons and torch/numpy checks refuse operands
-  whose type the submission defined (an `__eq__` that is always true, a tensor subclass, ...);
-- `references` is importable only by the test cell's own top-level code, and is dropped after the cell;
-- frame/garbage-collector introspection by learner code during a test cell is recorded as tampering.
+Two layers decide a test cell (autograder/README.md, "What stops which cheat"):
+- layer 2, the verdict that matters: hidden tests only record the learner's results through the `grading`
+  module this file installs (learner mode: `grading.check` prints them on marker lines, reference thunks are
+  never called); the pipeline compares them with the expected results outside the kernel, after it is gone.
+  Neither the reference implementations nor the expected values ever enter this process.
+- layer 1, here, for the visible tests: before every cell the comparison helpers and builtins are put back
+  (top-level monkey-patching undone); in test cells comparisons and torch/numpy checks refuse operands whose
+  type the submission defined (an `__eq__` that is always true, a tensor subclass, ...); frame/garbage-collector
+  introspection by learner code during a test cell is recorded as tampering.
 After each test cell the guard prints one marker line: `<nonce> ok`, `<nonce> error: ExceptionType` (the cell
-raised) or `<nonce> tamper: why`. The pipeline (outside the kernel) zeroes a test cell whose marker says tamper,
-is missing, or says error while the cell shows no error output (the error was hidden), then strips the markers.
-Anything decided in this process can in principle be subverted by code that attacks the guard itself;
-that residual risk is documented, and the pipeline's static scan flags such code for review.
+raised) or `<nonce> tamper: why`. The pipeline zeroes a test cell whose marker says tamper, is missing, or says
+error while the cell shows no error output (the error was hidden), then strips the markers. Code written
+against this guard can defeat layer 1 (it shares the process); it cannot make layer 2 accept wrong results.
 """
 
 
 def _grader_guard():
     import ast, builtins, hashlib, json, os, sys, threading  # noqa: E401
-    import importlib.abc, importlib.util  # noqa: E401
 
     cfg_path = os.environ.pop("GRADER_GUARD")
     with open(cfg_path) as f:
         cfg = json.load(f)
-    os.unlink(cfg_path)  # the reference sources now exist only in this process's memory
-    nonce, tests, sources = cfg["nonce"], set(cfg["tests"]), cfg["references"]
+    os.unlink(cfg_path)
+    nonce, tests = cfg["nonce"], set(cfg["tests"])
+    grading = type(sys)("grading")
+    grading.__file__ = "<grading>"
+    exec(compile(cfg["grading"], "<grading>", "exec"), grading.__dict__)
+    grading.configure("learner", nonce)
     del cfg
 
     import numpy
@@ -119,15 +124,7 @@ def _grader_guard():
                 setattr(builtins, k, v)
         builtins.__grader_cmp__ = grader_cmp
         ip.user_ns.pop("__grader_cmp__", None)  # a global of that name would shadow the builtin
-
-    def drop_references():
-        for name in [m for m in sys.modules if m == "references" or m.startswith("references.")]:
-            del sys.modules[name]
-        ns = ip.user_ns
-        for k, v in list(ns.items()):
-            mod = getattr(v, "__module__", None) if not isinstance(v, type(sys)) else v.__name__
-            if isinstance(mod, str) and (mod == "references" or mod.startswith("references.")):
-                del ns[k]
+        sys.modules["grading"] = grading
 
     def learner_frame(frame):
         """The first frame above the guard/stdlib helpers: learner cell code other than this test cell?"""
@@ -153,36 +150,8 @@ def _grader_guard():
             finally:
                 state["busy"] = False
 
-    class ReferenceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, fullname, path=None, target=None):
-            if fullname != "references" and not fullname.startswith("references."):
-                return None
-            state["busy"] = True
-            try:
-                frame = getframe(1)
-                while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
-                    frame = frame.f_back
-                ok = state["test"] and frame is not None and frame.f_code.co_filename == state["file"] \
-                    and frame.f_code.co_name == "<module>"
-            finally:
-                state["busy"] = False
-            if not ok or fullname not in sources:
-                if state["test"]:
-                    state["tamper"].append(f"import {fullname} outside the test's own code")
-                raise ModuleNotFoundError(f"No module named {fullname!r}")
-            return importlib.util.spec_from_loader(fullname, self, is_package=fullname == "references")
-
-        def create_module(self, spec):
-            return None
-
-        def exec_module(self, module):
-            if module.__name__ == "references":
-                module.__path__ = []
-            exec(compile(sources[module.__name__], f"<{module.__name__}>", "exec"), module.__dict__)
-
     def pre_run_cell(info):
         restore()
-        drop_references()
         raw = info.raw_cell or ""
         state["test"] = hashlib.sha256(raw.encode()).hexdigest() in tests
         state["file"] = ip.compile.get_code_name(raw, raw, ip.execution_count)
@@ -197,7 +166,6 @@ def _grader_guard():
         if vars(builtins).get("__grader_cmp__") is not grader_cmp or "__grader_cmp__" in ip.user_ns:
             why.append("comparison helper replaced")
         state["test"] = False
-        drop_references()
         restore()
         # the pipeline checks an error output is there: a custom exception handler or a patched
         # showtraceback must not turn a failed test into a silent pass
@@ -211,7 +179,6 @@ def _grader_guard():
         out.write(f"\n{nonce} {verdict}\n")
         out.flush()
 
-    sys.meta_path.insert(0, ReferenceFinder())
     ip.ast_transformers.append(TestCellsOnly())
     ip.events.register("pre_run_cell", pre_run_cell)
     ip.events.register("post_run_cell", post_run_cell)

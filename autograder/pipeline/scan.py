@@ -6,7 +6,8 @@ worth a look (an `__eq__` can be innocent, a `gc.get_objects()` in a matmul exer
 import re
 
 PATTERNS = {
-    "references": r"\breferences\b", "gradebook": r"gradebook", "autograder": r"autograder",
+    "references": r"\breferences\b", "grading": r"\bgrading\b", "gradebook": r"gradebook", "autograder": r"autograder",
+    "patches course": r"\bcourse\.[\w.]+\s*=[^=]|setattr\(\s*course\b",
     "patches torch/numpy checks": r"(allclose|assert_close|\.equal|isclose|testing\.\w+)\s*=[^=]",
     "builtins": r"\bbuiltins\b|__builtins__", "custom __eq__": r"def\s+__(eq|ne|lt|le|gt|ge|bool)__",
     "__torch_function__": r"__torch_function__", "frame/gc introspection": r"_getframe|\bgc\.get_|__closure__|f_back|tb_frame|inspect\.",

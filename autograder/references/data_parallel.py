@@ -40,12 +40,3 @@ def activation_bytes_per_gpu(batch, in_features, out_features, num_gpus):
     result = [4 * (batch * in_features + sizes[0] * out_features + batch * out_features)]
     result += [4 * rows * (in_features + out_features) for rows in sizes[1:]]
     return result + [0] * (num_gpus - len(result))
-
-
-def scatter_ms(link, batch, features, num_gpus):
-    """Simulated ms for nn.parallel.scatter of a float32 batch x features tensor from cuda:0: one copy per other
-    GPU, one after another on cuda:0's stream."""
-    sizes = chunk_sizes(batch, num_gpus)
-    seconds = sum(link.latency_us * 1e-6 + rows * features * 4 / (link.bandwidth_gbps * 1e9 * link.efficiency)
-                  for rows in sizes[1:])
-    return seconds * 1e3

@@ -41,12 +41,6 @@ def bytes_moved(scheme, N, M, K, num_gpus, element_size=4):
     return elements * element_size
 
 
-def copy_b_one_by_one_ms(link, M, K, num_gpus, element_size=4):
-    """Time of num_gpus - 1 copies of an M x K B out of cuda:0, one after another on its stream."""
-    per_copy_s = link.latency_us * 1e-6 + M * K * element_size / (link.bandwidth_gbps * 1e9 * link.efficiency)
-    return (num_gpus - 1) * per_copy_s * 1e3
-
-
 def tensor_parallel_mlp(x, W1_shards, W2_shards):
     """relu(x @ W1) @ W2 on cuda:0 with W1 split by columns and W2 by rows, shard i on GPU i.
 
