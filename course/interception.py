@@ -205,6 +205,9 @@ def handle_torch_function(func, args, kwargs):
     if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
         if isinstance(device, int) or torch.device(device).type not in ("cpu", "meta"):
             return _create_on_device(func, device, args, dict(kwargs))
+    if kwargs and kwargs.get("pin_memory"):  # CPU torch has no pinned allocator: a buffer for async copies
+        with torch._C.DisableTorchFunctionSubclass():
+            return pin(func(*args, **dict(kwargs, pin_memory=False)))
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
 

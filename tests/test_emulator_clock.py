@@ -93,6 +93,17 @@ def test_pinned_memory_is_faster_and_non_blocking_lets_the_host_go_on():
         assert emu.clock.host_ns == host_before + costs.HOST_LAUNCH_NS < fast.end_ns
 
 
+def test_factories_make_pinned_buffers_as_on_a_cuda_machine():
+    """`torch.empty(..., pin_memory=True)` (a staging buffer for async copies) fails on CPU torch alone."""
+    with course.emulate(gpus=1) as emu:
+        buffer = torch.empty(256, 256, pin_memory=True)
+        assert buffer.is_pinned() and buffer.device == torch.device("cpu")
+        buffer.copy_(torch.ones(256, 256))
+        moved = buffer.to("cuda:0", non_blocking=True)
+        assert not [e for e in emu.trace if e.kind == "host"], "a copy from pinned memory must not block the host"
+        assert torch.equal(moved.cpu(), torch.ones(256, 256))
+
+
 def test_streams_overlap_and_events_time_them():
     with course.emulate(gpus=1) as emu:
         a = torch.randn(2048, 2048, device="cuda:0")

@@ -239,6 +239,16 @@ def test_hidden_checks_are_judged_outside_the_kernel(graded):
     assert "the result differs from the reference" in cell["outputs"][0]["evalue"], cell["outputs"]
 
 
+def test_an_attack_on_the_guard_is_caught_outside_the_kernel(graded):
+    """The attack beat the guard (no error shows, no tampering is flagged); the outside comparison still
+    zeroes every wrong answer, because a failed assert leaves its hidden checks unrecorded."""
+    nb = json.loads((graded["course"] / "autograder" / "autograded" / "cheat_guard_attack" / CH / f"{CH}.ipynb").read_text())
+    errors = [o for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade") for o in c["outputs"]
+              if o["output_type"] == "error"]
+    assert errors and all(o["ename"] == "GraderError" and o["evalue"].startswith("hidden check") for o in errors), errors
+    assert "tampering" not in graded["rows"]["cheat_guard_attack"]["flags"]
+
+
 def test_neither_references_nor_expected_results_are_in_the_kernel(graded):
     nb = json.loads((graded["course"] / "autograder" / "autograded" / "memory_search" / CH / f"{CH}.ipynb").read_text())
     assert "MEMORY SEARCH FOUND ['GRADER-']" in json.dumps(nb), json.dumps(nb)[:3000]
