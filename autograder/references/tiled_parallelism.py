@@ -54,10 +54,3 @@ def tiled_forward(replicas, image, grid, halo):
         outputs.append(out[..., a - row0:b - row0, c - col0:d - col0].to(home))
     return stitch_tiles(outputs, grid)
 
-
-def halo_bytes(image_shape, grid, halo, factor, element_size=4):
-    """Bytes sent to the GPUs beyond the image itself, when each GPU receives its haloed tile."""
-    batch, channels, height, width = image_shape
-    sent = sum((bottom - top) * (right - left)
-               for (top, bottom, left, right), _ in tile_boxes(height, width, grid, halo, factor))
-    return (sent - height * width) * batch * channels * element_size
