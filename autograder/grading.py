@@ -70,9 +70,9 @@ def encode(value):
         return [encode(v) for v in value]
     if kind is dict:
         return {"dict": sorted(([encode(k), encode(v)] for k, v in value.items()), key=json.dumps)}
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        raise TypeError(f"check() records CPU tensors, this one is on {value.device}: call .cpu() on it first")
     if kind is torch.Tensor:
-        if value.device.type != "cpu":
-            raise TypeError("check() records CPU tensors: call .cpu() on it first")
         flat = value.detach().reshape(-1)
         values = flat.double().tolist() if flat.is_floating_point() else flat.tolist()
         return {"tensor": str(value.dtype), "shape": list(value.shape),

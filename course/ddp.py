@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -40,13 +41,15 @@ def average_gradients(model: torch.nn.Module) -> None:
 
 
 def train_data_parallel(rank: int, world_size: int, make_model, rank_batches, lr: float = 0.1,
-                        hand_written: bool = False, **ddp_options) -> dict[str, torch.Tensor]:
+                        hand_written: bool | Callable[[torch.nn.Module], None] = False,
+                        **ddp_options) -> dict[str, torch.Tensor]:
     """SGD on this rank's batches, gradients averaged over ranks; returns the final parameters.
 
     `make_model()` must give every rank the same initial weights (seed it). `rank_batches[r]` is the
     list of (inputs, targets) rank r trains on; ranks may have different numbers of batches: DDP's
     `join()` lets ranks that run out shadow the others' all-reduces, as PyTorch documents for uneven
-    inputs. `hand_written=True` uses `average_gradients` instead of DDP. `ddp_options` go to
+    inputs. `hand_written=True` uses `average_gradients` instead of DDP; `hand_written=fn` calls `fn(model)`
+    after every backward instead (one's own averaging, to compare). `ddp_options` go to
     DistributedDataParallel (e.g. `find_unused_parameters=True`).
     """
     with _model_init_lock:
@@ -56,6 +59,7 @@ def train_data_parallel(rank: int, world_size: int, make_model, rank_batches, lr
             raise ValueError("average_gradients needs the same number of batches on every rank (its "
                              "all_reduce would wait forever for a rank that has stopped); use DDP with join().")
         replica, joined = model, contextlib.nullcontext()
+        average = hand_written if callable(hand_written) else average_gradients
     else:
         model = DistributedDataParallel(model, **ddp_options)
         replica, joined = model.module, model.join()
@@ -65,7 +69,7 @@ def train_data_parallel(rank: int, world_size: int, make_model, rank_batches, lr
             optimizer.zero_grad()
             F.mse_loss(model(inputs), targets).backward()
             if hand_written:
-                average_gradients(model)
+                average(model)
             optimizer.step()
     return {name: value.detach().clone() for name, value in replica.state_dict().items()}
 
