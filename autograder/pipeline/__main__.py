@@ -32,8 +32,9 @@ def main(argv=None) -> int:
     if args.cmd == "check" or args.cmd == "autograde":
         if getattr(args, "no_sandbox", False):
             os.environ["GRADER_NO_SANDBOX"] = "1"
-            print("WARNING: grading WITHOUT the sandbox: learner code can read the gradebook, the references\n"
-                  "and other submissions, use the network and write anywhere you can.", file=sys.stderr)
+            print("WARNING: grading WITHOUT the sandbox: learner code can read the gradebook, the references,\n"
+                  "the expected results and other submissions, use the network and write anywhere you can.",
+                  file=sys.stderr)
         why = None if getattr(args, "no_sandbox", False) else sandbox.problem()
         if args.cmd == "check":
             print(f"sandbox unavailable: {why}" if why else "sandbox OK")
