@@ -67,7 +67,8 @@ def records(cell: dict, marker: str) -> list[dict]:
     return found
 
 
-def test_cells(nb: dict) -> dict[str, dict]:
+def graded_cells(nb: dict) -> dict[str, dict]:
+    """grade_id -> test cell (a code cell nbgrader grades)."""
     return {c["metadata"]["nbgrader"]["grade_id"]: c for c in nb["cells"]
             if c["cell_type"] == "code" and c["metadata"].get("nbgrader", {}).get("grade")}
 
@@ -76,7 +77,7 @@ def compute(chapter: str) -> dict:
     """Run the solution's hidden tests in trusted mode: {grade_id: [{want, rtol, atol, what}, ...]}."""
     nb, marker = execute(SOLUTIONS / chapter / f"{chapter}.ipynb", "trusted")
     expected = {}
-    for grade_id, cell in test_cells(nb).items():
+    for grade_id, cell in graded_cells(nb).items():
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if errors:
             raise RuntimeError(f"solutions/{chapter}: the solution fails its own test {grade_id}: "
@@ -141,7 +142,7 @@ def selfcheck(wanted: list[str], notebook: Path | None = None) -> int:
             print(f"{chapter}: {e}")
             bad += 1
             continue
-        for grade_id, cell in test_cells(nb).items():
+        for grade_id, cell in graded_cells(nb).items():
             why = verdicts(expected[grade_id], records(cell, marker))
             count = len(expected[grade_id])
             errors = [f"{o['ename']}: {o['evalue'][:200]}" for o in cell.get("outputs", []) if o.get("output_type") == "error"]
