@@ -12,8 +12,8 @@ time; here its own preprocessors are split around a sandboxed execution:
                     CheckCellMetadata
 Only the parent process writes the gradebook (serialized, no sqlite lock fights); it post-processes one
 notebook while the slot that ran it already executes the next. A submission whose files (and the
-chapter's solution, references and course package) are unchanged since its last grading is skipped; SaveAutoGrades only ever sets
-auto_score, so manual grades survive re-runs.
+chapter's solution, references and course package) are unchanged since its last grading is skipped;
+SaveAutoGrades only ever sets auto_score, so manual grades survive re-runs.
 """
 import hashlib
 import json
