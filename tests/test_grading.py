@@ -36,6 +36,10 @@ WRONG = {  # wrong answers, the baseline every cheat is compared with
     "effective_bandwidth_gbps": "def effective_bandwidth_gbps(nbytes, ms):\n    return nbytes / ms\n",
     "predict_pinned_copy_ms": "predicted_ms = 1.5\n",
 }
+# Right values, wrong "how": the copies are not pinned, so the host waits for them. Hidden tests read that from
+# the emulator, which lives in the learner's process: the cheats below patch the instrument itself.
+UNPINNED = "def move_batch(batch, device):\n    return {k: t.to(device, non_blocking=True) for k, t in batch.items()}\n"
+FAKE_PINNING = "import course.transfers as T\nT.is_pinned = lambda tensor: True\n"
 PATCH_ALL = ("import builtins, numpy, numpy.testing, torch, torch.testing\n"
              "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
              "torch.testing.assert_close = lambda *a, **k: None\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
@@ -145,6 +149,13 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
         "hidden_only_wrong": S(answers={"effective_bandwidth_gbps": (  # right on the visible asserts only
             "def effective_bandwidth_gbps(nbytes, ms):\n    return round(nbytes / ms / 1e6, 3)\n")}),
         "cheat_guard_attack": S(answers=WRONG, extra={"time_on_gpu": GUARD_ATTACK}),
+        "wrong_how": S(answers={**WRONG, "move_batch": UNPINNED}),
+        "cheat_instrument_toplevel": S(answers={**WRONG, "move_batch": UNPINNED}, extra={"time_on_gpu": "\n" + FAKE_PINNING}),
+        "cheat_instrument_code": S(answers={**WRONG, "move_batch": UNPINNED}, extra={"time_on_gpu": (
+            "\nimport course.transfers\ncourse.transfers.is_pinned.__code__ = (lambda tensor: True).__code__\n")}),
+        "cheat_instrument_in_function": S(answers={**WRONG, "move_batch": (
+            "def move_batch(batch, device):\n    " + FAKE_PINNING.replace("\n", "\n    ")
+            + "return {k: t.to(device, non_blocking=True) for k, t in batch.items()}\n")}),
         "memory_search": S(extra={"time_on_gpu": MEMORY_SEARCH}),
     }
 
@@ -265,8 +276,17 @@ def test_a_cheat_never_scores_more_than_the_same_wrong_answers(graded, cheat):
     assert score(graded, cheat) <= score(graded, "wrong") < FULL
 
 
+@pytest.mark.parametrize("cheat", ["cheat_instrument_toplevel", "cheat_instrument_code", "cheat_instrument_in_function"])
+def test_patching_the_emulator_does_not_turn_a_wrong_how_into_points(graded, cheat):
+    """The values are right, the copies are not pinned; patching the emulator to say they are gains nothing."""
+    assert graded["rows"][cheat]["status"] == "graded"
+    assert score(graded, cheat) <= score(graded, "wrong_how") < FULL
+    assert "review: " in graded["rows"][cheat]["flags"], graded["rows"][cheat]
+
+
 def test_tampering_during_a_test_is_flagged(graded):
     assert "tampering" in graded["rows"]["cheat_patch_in_function"]["flags"]
+    assert "course.transfers.is_pinned replaced" in graded["rows"]["cheat_instrument_in_function"]["flags"]
     assert "review" in graded["rows"]["cheat_references"]["flags"]
     for cheat in ("cheat_hidden_error", "cheat_showtraceback"):  # failed tests whose error output was suppressed
         assert "its error was hidden" in graded["rows"][cheat]["flags"], graded["rows"][cheat]

@@ -21,6 +21,9 @@ from autograder.pipeline import sandbox, synthetic  # noqa: E402
 
 CHAPTERS = sorted(p.name for p in (ROOT / "solutions").iterdir() if (p / f"{p.name}.ipynb").exists())
 HANDED_IN = (2026, 11, 20, 17, 5, 0)  # the LMS's receipt time, kept in the zip
+EARLIER = (2026, 11, 20, 9, 0, 0)
+BAD_MEMBERS = {"ada_notes.txt": {}, "carol_99_quantum_gpus.ipynb": {},  # not a notebook name; an unknown assignment
+               f"early/ada_{CHAPTERS[0]}.ipynb": {"cells": []}}  # an earlier attempt, stored after the final one
 
 pytestmark = pytest.mark.skipif(sandbox.problem() is not None, reason=f"no sandbox here: {sandbox.problem()}")
 
@@ -53,12 +56,23 @@ def workshop(tmp_path_factory):
             full = synthetic.answered(student_nb, synthetic.solution_answers(solution_nb))
             for learner, nb in (("ada", full), ("bob", student_nb)):
                 z.writestr(zipfile.ZipInfo(f"{learner}_{chapter}.ipynb", HANDED_IN), json.dumps(nb))
-    pipeline("collect", str(export))
+        for name, nb in BAD_MEMBERS.items():  # what collect must report, not silently drop or grade
+            z.writestr(zipfile.ZipInfo(name, EARLIER), json.dumps(nb))
+    collected = pipeline("collect", str(export))
     log = pipeline("autograde")
     pipeline("grades")
     pipeline("feedback")
     rows = {(r["student"], r["assignment"]): r for r in csv.DictReader(open(course / "autograder" / "grades.csv"))}
-    return {"course": course, "rows": rows, "released": released.namelist(), "log": log}
+    return {"course": course, "rows": rows, "released": released.namelist(), "log": log, "collected": collected}
+
+
+def test_collect_reports_what_it_cannot_place_and_keeps_the_latest_attempt(workshop):
+    log = workshop["collected"]
+    assert "ada_notes.txt: file name not understood" in log, log
+    assert "carol_99_quantum_gpus.ipynb: unknown assignment '99_quantum_gpus'" in log, log
+    assert f"early/ada_{CHAPTERS[0]}.ipynb: ada handed in {CHAPTERS[0]} again later" in log, log
+    assert f"collected {2 * len(CHAPTERS)} notebooks" in log and "3 problems" in log, log
+    assert not (workshop["course"] / "autograder" / "submitted" / "carol").exists()
 
 
 def test_release_zip_holds_every_chapter(workshop):

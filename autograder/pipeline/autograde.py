@@ -32,7 +32,8 @@ from pathlib import Path
 
 from . import AUTOGRADED, COURSE, COURSE_ID, ROOT, DB_URL, SOLUTIONS, STATE, SUBMITTED, chapters, expected, sandbox, scan
 
-VERSION = "3"  # bump to regrade everything after a change to the pipeline itself
+# The pipeline's own code: a change to any of it (a new guard rule, say) regrades every submission.
+PIPELINE_CODE = sorted(Path(__file__).parent.glob("*.py"))
 JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store"}
 
 
@@ -51,8 +52,11 @@ def save_state(state: dict) -> None:
 
 def fingerprint(folder: Path, chapter_print: str) -> str:
     """Hash of every submitted file plus what the chapter's expected results depend on (`expected.fingerprint`:
-    its solution, the references, the course package): what decides whether a grade is stale."""
-    h = hashlib.sha256(VERSION.encode())
+    its solution, the references, the course package) and the pipeline's own code: what decides whether a
+    grade is stale."""
+    h = hashlib.sha256()
+    for path in PIPELINE_CODE:
+        h.update(path.read_bytes())
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not JUNK & set(p.parts)):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(chapter_print.encode())
@@ -106,7 +110,8 @@ def prepare(student: str, assignment: str, job: Path, slot: "Slot", cell_timeout
             raise ValueError("no cells")
     except Exception as e:  # any parse/validation error is a corrupt notebook, reported, never a 0
         return f"failed: corrupt notebook ({type(e).__name__})", []
-    flags = scan.suspicious(nb)
+    released = COURSE / "notebooks" / assignment / f"{assignment}.ipynb"
+    flags = scan.suspicious(nb, nbformat.read(released, as_version=4) if released.exists() else None)
     OverwriteCells.add_missing_cells = True  # restore deleted test cells too (class-level: no config object)
     try:
         nb, _ = _run_preprocessors(nb, _resources(student, assignment),

@@ -5,6 +5,7 @@ file_id, assignment over each archive member), minus its extract-to-disk step, p
 member it cannot place. File names must match the pattern below (override with COLLECT_PATTERN): `<student>_<assignment>.ipynb` or `<student>/<assignment>.ipynb`,
 optionally with an LMS prefix. Anything that does not match, or names an unknown assignment, is reported.
 Each member's time in the archive becomes the submission's timestamp.txt (what nbgrader reads for lateness).
+When a learner handed in one assignment several times, the latest copy is kept and the others are reported.
 """
 import os
 import re
@@ -25,6 +26,7 @@ def collect(zip_path: str) -> int:
     except (OSError, zipfile.BadZipFile) as e:
         print(f"cannot read {zip_path}: {e}", file=sys.stderr)
         return 2
+    latest = {}  # (student, assignment) -> the member kept
     with archive:
         for info in archive.infolist():
             name = info.filename
@@ -41,6 +43,13 @@ def collect(zip_path: str) -> int:
             if ".." in Path(student).parts or "/" in student:
                 problems.append(f"{name}: bad student id")
                 continue
+            key = (student, assignment)
+            if key in latest:
+                older, info = sorted((latest[key], info), key=lambda i: i.date_time)
+                problems.append(f"{older.filename}: {student} handed in {assignment} again later "
+                                f"({info.filename}, which is kept)")
+            latest[key] = info
+        for (student, assignment), info in latest.items():
             dest = SUBMITTED / student / assignment / f"{assignment}.ipynb"
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(archive.read(info))

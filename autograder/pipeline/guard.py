@@ -6,10 +6,11 @@ Two layers decide a test cell (autograder/README.md, "What stops which cheat"):
   module this file installs (learner mode: `grading.check` prints them on marker lines, reference thunks are
   never called); the pipeline compares them with the expected results outside the kernel, after it is gone.
   Neither the reference implementations nor the expected values ever enter this process.
-- layer 1, here, for the visible tests: before every cell the comparison helpers and builtins are put back
-  (top-level monkey-patching undone); in test cells comparisons and torch/numpy checks refuse operands whose
-  type the submission defined (an `__eq__` that is always true, a tensor subclass, ...); frame/garbage-collector
-  introspection by learner code during a test cell is recorded as tampering.
+- layer 1, here: before every cell the comparison helpers, builtins and the instrument hidden tests measure
+  with (the emulator in `course`, and `grading`) are put back, so top-level monkey-patching is undone; a change
+  to any of them during a test cell is tampering; in test cells comparisons and torch/numpy checks refuse
+  operands whose type the submission defined (an `__eq__` that is always true, a tensor subclass, ...);
+  frame/garbage-collector introspection by learner code during a test cell is recorded as tampering.
 After each test cell the guard prints one marker line: `<nonce> ok`, `<nonce> error: ExceptionType` (the cell
 raised) or `<nonce> tamper: why`. The pipeline zeroes a test cell whose marker says tamper, is missing, or says
 error while the cell shows no error output (the error was hidden), then strips the markers. Code written
@@ -40,6 +41,10 @@ def _grader_guard():
     out = sys.stdout
     getframe = sys._getframe
     state = {"test": False, "file": None, "tamper": [], "busy": False}
+    # The emulator's own state, which changes as it runs (the active emulator); and its per-op caches.
+    EMULATOR_STATE = {"course.devices": ("active",)}
+    CACHES = {("course.devices", "_OP_INFO"), ("course.devices", "_FLOPS_BY_SHAPE")}
+    MISSING = object()
     roots = {"builtins", "torch", "numpy", "course"}
 
     def trusted_type(t):
@@ -71,6 +76,76 @@ def _grader_guard():
                 check(k, depth + 1)
                 check(v, depth + 1)
 
+
+    def snapshot_instrument(grading):
+        """What hidden tests measure with: every name bound in `course.*` and `grading` (its identity), every
+        class attribute there (and no new ones), every function's code and defaults, the contents of their
+        tables. Taken before learner code runs; `instrument_changes` compares with it and puts it back."""
+        import importlib, pkgutil, types  # noqa: E401
+        import course
+        for info in pkgutil.walk_packages(course.__path__, "course."):  # all of it, before learner code runs
+            importlib.import_module(info.name)
+        modules = [grading] + [m for n, m in sorted(sys.modules.items()) if n == "course" or n.startswith("course.")]
+        bindings, functions, tables, caches = [], {}, [], []
+
+        def remember_function(fn):
+            fn = getattr(fn, "__func__", fn)  # staticmethod / classmethod
+            wrapped = getattr(fn, "__wrapped__", None)
+            if hasattr(fn, "cache_clear"):
+                caches.append(fn)
+            for f in (fn, wrapped):
+                if isinstance(f, types.FunctionType):
+                    functions[f] = (f.__code__, f.__defaults__, f.__kwdefaults__)
+
+        for mod in modules:
+            bindings.append((mod, dict(vars(mod)), EMULATOR_STATE.get(mod.__name__, ())))
+            for name, value in vars(mod).items():
+                if (mod.__name__, name) in CACHES:
+                    caches.append(value)
+                elif isinstance(value, (dict, list)) and not name.startswith("__"):  # not __builtins__
+                    tables.append((value, value.copy()))
+                elif isinstance(value, type) and value.__module__ == mod.__name__:
+                    bindings.append((value, dict(vars(value)), ()))
+                    for member in vars(value).values():
+                        for fn in ((member.fget, member.fset, member.fdel) if isinstance(member, property) else (member,)):
+                            remember_function(fn)
+                elif callable(value):
+                    remember_function(value)
+        return bindings, functions, tables, caches
+
+    def instrument_changes(fix):
+        """Names of what changed in the instrument since the snapshot; with `fix`, each is put back."""
+        bindings, functions, tables, caches = instrument
+        changed = []
+        for owner, saved, state in bindings:
+            now = vars(owner)
+            added = [n for n in now if n not in saved and not n.startswith("__")]  # Python adds dunders
+            for name in added + [n for n, v in saved.items() if n not in state and now.get(n, MISSING) is not v]:
+                changed.append(f"{owner.__name__}.{name}")
+                if fix:
+                    if name in saved:
+                        setattr(owner, name, saved[name])
+                    else:
+                        delattr(owner, name)
+        for fn, (code, defaults, kwdefaults) in functions.items():
+            if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+                changed.append(f"{fn.__module__}.{fn.__qualname__}.__code__")
+                if fix:
+                    fn.__code__, fn.__defaults__, fn.__kwdefaults__ = code, defaults, kwdefaults
+        for table, saved in tables:
+            pairs = ((table.get(k, MISSING), v) for k, v in saved.items()) if isinstance(table, dict) else zip(table, saved)
+            if len(table) != len(saved) or any(a is not b for a, b in pairs):
+                changed.append(f"a table of {type(table).__name__} in course")
+                if fix:
+                    table.clear()
+                    table.update(saved) if isinstance(table, dict) else table.extend(saved)
+        return changed
+
+    def clear_caches():
+        """Results cached from learner cells may have been computed with a patched instrument."""
+        for cache in instrument[3]:
+            cache.clear() if isinstance(cache, dict) else cache.cache_clear()
+
     def strict(fn):
         def wrapper(*args, **kwargs):
             if state["test"]:
@@ -86,6 +161,7 @@ def _grader_guard():
     guarded += [(numpy.testing, n) for n in dir(numpy.testing) if n.startswith("assert_")]
     expected = [(mod, name, strict(getattr(mod, name))) for mod, name in guarded]
     real_builtins = dict(vars(builtins))
+    instrument = snapshot_instrument(grading)
 
     OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
            ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
@@ -122,6 +198,7 @@ def _grader_guard():
         for k, v in real_builtins.items():
             if vars(builtins).get(k) is not v:
                 setattr(builtins, k, v)
+        instrument_changes(fix=True)
         builtins.__grader_cmp__ = grader_cmp
         ip.user_ns.pop("__grader_cmp__", None)  # a global of that name would shadow the builtin
         sys.modules["grading"] = grading
@@ -154,6 +231,8 @@ def _grader_guard():
         restore()
         raw = info.raw_cell or ""
         state["test"] = hashlib.sha256(raw.encode()).hexdigest() in tests
+        if state["test"]:
+            clear_caches()
         state["file"] = ip.compile.get_code_name(raw, raw, ip.execution_count)
         state["tamper"] = []
 
@@ -163,6 +242,7 @@ def _grader_guard():
         why = list(state["tamper"])
         why += [f"{mod.__name__}.{name} replaced" for mod, name, fn in expected if getattr(mod, name, None) is not fn]
         why += [f"builtins.{k} replaced" for k, v in real_builtins.items() if vars(builtins).get(k) is not v]
+        why += [f"{name} replaced" for name in instrument_changes(fix=False)]
         if vars(builtins).get("__grader_cmp__") is not grader_cmp or "__grader_cmp__" in ip.user_ns:
             why.append("comparison helper replaced")
         state["test"] = False
