@@ -7,6 +7,7 @@ correct, 30% partly wrong (one answer left as the stub), 30% broken (untouched s
 Target (issue #6): 30 students x 9 chapters in under 20 minutes on the 2-core course machine.
 """
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -71,6 +72,9 @@ def main():
                        cwd=ROOT, env=env, check=True)
         total = time.monotonic() - t0
         state = json.loads((course / "autograder" / "grading_state.json").read_text())
+        subprocess.run([sys.executable, "-m", "autograder.pipeline", "grades"], cwd=ROOT, env=env, check=True)
+        with open(course / "autograder" / "grades.csv") as f:
+            grades = {f"{r['student']}/{r['assignment']}": r for r in csv.DictReader(f)}
     finally:
         shutil.rmtree(course, ignore_errors=True)
     n = len(kinds)
@@ -93,7 +97,19 @@ def main():
     for kind in sorted(set(kinds.values())):
         secs = [state[k].get("seconds") or 0 for k, v in kinds.items() if v == kind and k in state]
         statuses = sorted({state[k]["status"].split(" (")[0] for k, v in kinds.items() if v == kind and k in state})
-        print(f"  {kind:13} {len(secs):4} notebooks, mean {statistics.mean(secs):5.1f} s, status {statuses}")
+        print(f"  {kind:13} {len(secs):4} notebooks, mean {statistics.mean(secs):5.1f} s, status {statuses}, "
+              f"scores {_scores([grades[k] for k, v in kinds.items() if v == kind])}")
+
+
+def _scores(rows) -> str:
+    """How many got full marks, zero, something between, or no score (could not be graded)."""
+    def bucket(r):
+        if not r["score"]:
+            return "none"
+        score, best = float(r["score"]), float(r["max_score"])
+        return "full" if score == best else "zero" if score == 0 else "partial"
+    counts = {b: sum(bucket(r) == b for r in rows) for b in ("full", "partial", "zero", "none")}
+    return ", ".join(f"{n} {b}" for b, n in counts.items() if n)
 
 
 if __name__ == "__main__":

@@ -92,12 +92,13 @@ def test_committed_student_notebooks_are_what_release_generates(workshop, chapte
 def test_solutions_get_full_marks(workshop, chapter):
     row = workshop["rows"][("ada", chapter)]
     assert row["status"] == "graded" and float(row["score"]) == float(row["max_score"]) > 0, row
+    assert row["flags"] == "", f"an honest submission flagged for review: {row['flags']}"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_untouched_notebooks_get_zero(workshop, chapter):
     row = workshop["rows"][("bob", chapter)]
-    assert row["status"] == "graded" and float(row["score"]) == 0, row
+    assert row["status"] == "graded" and float(row["score"]) == 0 and row["flags"] == "", row
 
 
 def test_submission_times_come_from_the_lms_export(workshop):

@@ -2,6 +2,7 @@
 import argparse
 import os
 import sys
+import warnings
 
 from . import sandbox
 
@@ -9,6 +10,8 @@ from . import sandbox
 def main(argv=None) -> int:
     # nbgrader's gradebook runs the `alembic` command it installed: find it however we were started.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    # nbgrader's own SQLAlchemy and deprecation warnings: nothing an instructor can act on.
+    warnings.filterwarnings("ignore", module=r"nbgrader\.")
     p = argparse.ArgumentParser(prog="python -m autograder.pipeline", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("release", help="student notebooks in notebooks/ and a zip to upload to an LMS")

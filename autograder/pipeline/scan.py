@@ -13,8 +13,8 @@ PATTERNS = {
     "builtins": r"\bbuiltins\b|__builtins__", "custom __eq__": r"def\s+__(eq|ne|lt|le|gt|ge|bool)__",
     "__torch_function__": r"__torch_function__", "frame/gc introspection": r"_getframe|\bgc\.get_|__closure__|f_back|tb_frame|inspect\.",
     "grader internals": (r"__grader|events\.(callbacks|unregister)|meta_path|sys\.modules\b|ast_transformers|addaudithook"
-                         r"|set_custom_exc|CustomTB|showtraceback|excepthook|run_cell"),
-    "ctypes/processes": r"\bctypes\b|os\.(system|fork|exec|_exit|kill)|subprocess|signal\.", "network": r"\bsocket\b|urllib|requests\.",
+                         r"|set_custom_exc|CustomTB|showtraceback|excepthook|run_cell|\bglobals\(\)|user_ns|__main__"),
+    "ctypes/processes": r"\bctypes\b|os\.(system|fork|exec|_exit|kill)|subprocess|signal\.", "network": r"\bsocket\b|urllib|http\.client|\brequests\.(get|post|put|Session)\b",
 }
 
 
