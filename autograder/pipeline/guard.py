@@ -76,7 +76,6 @@ def _grader_guard():
                 check(k, depth + 1)
                 check(v, depth + 1)
 
-
     def snapshot_instrument(grading):
         """What hidden tests measure with: every name bound in `course.*` and `grading` (its identity), every
         class attribute there (and no new ones), every function's code and defaults, the contents of their
@@ -117,16 +116,16 @@ def _grader_guard():
         """Names of what changed in the instrument since the snapshot; with `fix`, each is put back."""
         bindings, functions, tables, caches = instrument
         changed = []
-        for owner, saved, state in bindings:
+        for owner, saved, exempt in bindings:
             now = vars(owner)
             added = [n for n in now if n not in saved and not n.startswith("__")]  # Python adds dunders
-            for name in added + [n for n, v in saved.items() if n not in state and now.get(n, MISSING) is not v]:
+            for name in added + [n for n, v in saved.items() if n not in exempt and now.get(n, MISSING) is not v]:
                 changed.append(f"{owner.__name__}.{name}")
                 if fix:
-                    if name in saved:
-                        setattr(owner, name, saved[name])
-                    else:
-                        delattr(owner, name)
+                    try:
+                        setattr(owner, name, saved[name]) if name in saved else delattr(owner, name)
+                    except (AttributeError, TypeError):  # cannot be put back: still reported, so tests fail closed
+                        pass
         for fn, (code, defaults, kwdefaults) in functions.items():
             if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
                 changed.append(f"{fn.__module__}.{fn.__qualname__}.__code__")
