@@ -368,7 +368,8 @@ def autograde(jobs: int = 2, cell_timeout: int = 60, wall_timeout: int = 900, fo
                     free.append(finished[-1][1][3])
     for slot in slots:
         slot.stop()
-    if not quiet and tty:  # end the progress line the loop kept rewriting
+    if not quiet:
+        _progress(done, total, counts, [], t0, tty)
         print(file=sys.stderr)
     if not os.environ.get("GRADER_DEBUG"):
         shutil.rmtree(base, ignore_errors=True)
