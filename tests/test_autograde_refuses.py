@@ -9,7 +9,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _pipeline(tmp_path, *args):
     """The real command line, on a PATH without bwrap, prlimit or setpriv, grading a throw-away course."""
-    (tmp_path / "solutions").mkdir()
     env = dict(os.environ, PATH=str(tmp_path / "empty-bin"), GRADER_COURSE_DIR=str(tmp_path))
     return subprocess.run([sys.executable, "-m", "autograder.pipeline", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)

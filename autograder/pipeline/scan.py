@@ -51,10 +51,12 @@ def _patches_course(tree, names: set[str]) -> bool:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr") and node.args:
-            targets = [ast.Attribute(node.args[0], "?")]
+            if inside(node.args[0]):
+                return True
+            continue
         else:
             continue
-        if any(isinstance(t, (ast.Attribute, ast.Subscript)) and inside(t) for t in targets):
+        if any(isinstance(t, (ast.Attribute, ast.Subscript)) and inside(t.value) for t in targets):
             return True
     return False
 
