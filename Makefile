@@ -22,10 +22,12 @@ help: ## list the targets
 $(PY):
 	python3 -m venv $(VENV)
 
-# Reinstalls only when pyproject.toml (the dependency list) changes.
-$(STAMP): pyproject.toml | $(PY)
+# Reinstalls only when pyproject.toml (the dependency list) or the start-up hook changes. The hook,
+# course_emulate.pth, lets worker processes of an emulated program (mp.spawn, torchrun) emulate too.
+$(STAMP): pyproject.toml course/autostart.py | $(PY)
 	$(PIP) install $(TORCH)
 	$(PIP) install -e ".[test]" $(TORCH)
+	$(PY) -c "import sysconfig, course.autostart as a; print('installed', a.install_pth(sysconfig.get_paths()['purelib']))"
 	@touch $@
 
 setup: $(STAMP) ## create .venv and install the course with all dependencies

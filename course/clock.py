@@ -100,6 +100,16 @@ class Clock:
                 )
             return end
 
+    def record_span(self, kind: str, name: str, device: int, stream: int, start_ns: int, end_ns: int,
+                    nbytes: int = 0) -> int:
+        """Work whose start was agreed elsewhere (by every rank of a collective): the host pays one launch."""
+        with self.lock:
+            self.host_ns = self.host_ns + self.host_launch_ns
+            lane = (device, stream)
+            self.stream_ready_ns[lane] = max(self.stream_ready(*lane), end_ns)
+            self._events.append(TraceEvent(kind, name, f"cuda:{device}", stream, start_ns, end_ns, 0, nbytes))
+            return end_ns
+
     def record(self, events) -> None:
         """Add events computed elsewhere (e.g. the symmetric ranks of a simulated DDP step)."""
         with self.lock:

@@ -7,6 +7,7 @@ counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` devi
 from __future__ import annotations
 
 import copy
+import sys
 
 import torch
 
@@ -198,13 +199,14 @@ def _tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _common_device(func, tensors) -> int | None:
+def _common_device(func, tensors) -> tuple[int | None, bool]:
     """The one device all tensor arguments share, by CUDA PyTorch's rules, else its error.
 
-    0-dim CPU tensors may join any device. During backward, autograd itself makes CPU tensors
-    (zero gradients for unused outputs); they are moved to the op's GPU, as a GPU run would have them.
+    0-dim CPU tensors may join any device. PyTorch's own C++ (the autograd engine's zero gradients,
+    DDP's gradient buckets) makes plain CPU tensors that stand for memory on the op's GPU: those join
+    the GPU too, and the second result says so (see `host_scratch`).
     """
-    device = None
+    device, scratch = None, False
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
             index = arg._device_index
@@ -214,13 +216,46 @@ def _common_device(func, tensors) -> int | None:
             continue
         if device is None or device == index:
             device = index
-        elif CPU in (device, index) and torch._C._current_autograd_node() is not None:
-            device = max(device, index)
+        elif CPU in (device, index) and _from_torch_internals():
+            device, scratch = max(device, index), True
         elif func is torch.ops.aten.copy_.default:
             continue
         else:
             raise device_mismatch(device, index)
-    return device
+    return device, scratch
+
+
+def _from_torch_internals() -> bool:
+    """Whether the op being dispatched was issued by PyTorch's C++ rather than by a Python call.
+
+    A learner's `gpu_tensor + cpu_tensor` passes through `handle_torch_function` and must fail as on a
+    GPU; the same mix issued by the autograd engine or DDP's reducer (inside `backward()`, or from C++
+    with no Python torch call in between) is PyTorch's own bookkeeping and must work.
+    """
+    if torch._C._current_autograd_node() is not None:
+        return True
+    from course.interception import ENGINE_ENTRY_POINTS, handle_torch_function
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is handle_torch_function.__code__:
+            return frame.f_locals.get("func") in ENGINE_ENTRY_POINTS
+        frame = frame.f_back
+    return True
+
+
+# Plain CPU tensors that PyTorch's C++ uses as GPU memory (DDP's buckets): when their contents are ready,
+# by storage address, so the kernel that reads a bucket after its all-reduce waits for it.
+_scratch_ready_ns: dict[int, int] = {}
+
+
+def host_scratch_ready(tensor: torch.Tensor) -> int:
+    return _scratch_ready_ns.get(tensor.untyped_storage().data_ptr(), 0)
+
+
+def mark_host_scratch(tensor: torch.Tensor, ready_ns: int) -> None:
+    address = tensor.untyped_storage().data_ptr()
+    _scratch_ready_ns[address] = max(_scratch_ready_ns.get(address, 0), ready_ns)
 
 
 def _unwrap(value, tensors: list):
@@ -233,24 +268,13 @@ def _unwrap(value, tensors: list):
     return value
 
 
-def _promote_host_tensors(value, device: int):
-    """Move CPU tensors that autograd created during backward to the op's GPU (see _common_device)."""
-    from course.transfers import move
-
-    if isinstance(value, torch.Tensor) and not isinstance(value, EmulatedTensor) and value.dim() > 0:
-        return move(value, device)
-    if type(value) in (list, tuple):
-        return type(value)(_promote_host_tensors(v, device) for v in value)
-    return value
-
-
 def run_kernel(emu, func, args, kwargs):
     """Run one aten op on the CPU and charge it to the simulated GPU it runs on."""
     tensors: list[torch.Tensor] = []
     un_args = tuple(_unwrap(a, tensors) for a in args)
     un_kwargs = {k: _unwrap(v, tensors) for k, v in kwargs.items()} if kwargs else {}
-    device = _common_device(func, tensors)
-    if func is torch.ops.aten.copy_.default and _crosses_devices(tensors):
+    device, scratch = _common_device(func, tensors)
+    if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
         from course.transfers import copy_into
 
         return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
@@ -259,11 +283,6 @@ def run_kernel(emu, func, args, kwargs):
 
         return read_scalar(args[0])
     emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
-    if len(emulated) < len(tensors) and device not in (None, CPU) and any(t.dim() > 0 for t in tensors):
-        tensors.clear()
-        un_args = tuple(_unwrap(_promote_host_tensors(a, device), tensors) for a in args)
-        un_kwargs = {k: _unwrap(_promote_host_tensors(v, device), tensors) for k, v in kwargs.items()}
-        emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
     try:
         out = func(*un_args, **un_kwargs)
     except NotImplementedError as error:
@@ -280,11 +299,17 @@ def run_kernel(emu, func, args, kwargs):
 
     info = _op_info(func)
     inputs_ready_ns = max((t.ready_ns for t in emulated), default=0)
+    scratch_ids = set()
+    if scratch:
+        plain = [t for t in tensors if not isinstance(t, EmulatedTensor) and t.dim() > 0]
+        scratch_ids = {id(t) for t in plain}
+        inputs_ready_ns = max([inputs_ready_ns] + [host_scratch_ready(t) for t in plain])
     end_ns = inputs_ready_ns
     if not info.view_only:
-        bytes_read = sum(_tensor_nbytes(t._inner) for t in emulated)
-        if info.overwrites_first and isinstance(args[0], EmulatedTensor):
-            bytes_read -= _tensor_nbytes(args[0]._inner)
+        bytes_read = sum(_tensor_nbytes(t) for t in tensors if isinstance(t, EmulatedTensor) or id(t) in scratch_ids)
+        first = args[0] if args else None
+        if info.overwrites_first and (isinstance(first, EmulatedTensor) or id(first) in scratch_ids):
+            bytes_read -= _tensor_nbytes(first)
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
                                 inputs_ready_ns)
     inputs_by_id = {id(t._inner): t for t in emulated}
@@ -296,6 +321,9 @@ def run_kernel(emu, func, args, kwargs):
             same = inputs_by_id[id(o)]
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
+        elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
+            mark_host_scratch(o, end_ns)
+            wrapped.append(o)
         elif info.returns_view and emulated:
             wrapped.append(wrap(o, device, emulated[0]._block))
         else:

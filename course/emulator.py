@@ -12,15 +12,20 @@ import types
 
 import torch
 import torch.cuda.comm
+import torch.distributed
+import torch.distributed.distributed_c10d
 import torch.cuda.nccl
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course import collectives, costs, cuda_api, devices, hardware, plots
+from course import autostart, collectives, costs, cuda_api, devices, hardware, nccl, plots
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
 from course.trace import TraceEvent
+
+
+_ABSENT = object()  # what _patch remembers for a name the module did not have (ProcessGroupNCCL on a CPU build)
 
 
 class Emulator:
@@ -83,6 +88,8 @@ class Emulator:
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.nccl, collectives.NCCL_PATCHES)
+        self._patch(torch.distributed.distributed_c10d, nccl.C10D_PATCHES)
+        self._patch(torch.distributed, nccl.DIST_PATCHES)
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
         # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
@@ -92,6 +99,7 @@ class Emulator:
         self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
         devices.active = self
+        self._env_before = autostart.publish(self._config())
         self._mode = EmulatorMode()
         self._mode.__enter__()
         return self
@@ -102,14 +110,26 @@ class Emulator:
         self._mode.__exit__(None, None, None)
         self._mode = None
         devices.active = self._outer
+        autostart.restore(self._env_before)
         torch.__future__.set_swap_module_params_on_conversion(self._swap_before)
         for module, name, original in reversed(self._saved):
-            setattr(module, name, original)
+            if original is _ABSENT:
+                delattr(module, name)
+            else:
+                setattr(module, name, original)
         self._saved.clear()
+
+    def _config(self) -> dict | None:
+        """This machine as `emulate()` arguments, for worker processes; None if it is not made of presets."""
+        presets = [(self.gpu, hardware.GPUS), (self.link, hardware.LINKS), (self.host_link, hardware.LINKS)]
+        if any(presets_of.get(part.key) is not part for part, presets_of in presets):
+            return None
+        return {"gpus": self.num_gpus, "gpu": self.gpu.key, "link": self.link.key,
+                "host_link": self.host_link.key, "materialize": self.materialize}
 
     def _patch(self, module, replacements: dict) -> None:
         for name, replacement in replacements.items():
-            self._saved.append((module, name, getattr(module, name)))
+            self._saved.append((module, name, getattr(module, name, _ABSENT)))
             setattr(module, name, replacement)
 
     def __enter__(self) -> "Emulator":

@@ -188,6 +188,10 @@ _HANDLERS = {
 }
 
 
+# Calls inside which PyTorch's C++ (the autograd engine, DDP's reducer hooks) issues ops of its own.
+ENGINE_ENTRY_POINTS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
+
+
 def _default_device():
     """The device `with torch.device(...)` or `torch.set_default_device` made the default, if a GPU."""
     current = torch.utils._device.CURRENT_DEVICE

@@ -66,12 +66,14 @@ def _threaded_pg():
     return multi_threaded_pg
 
 
-def run_threads(fn, world_size: int, *args, timeout_s: float = 60):
+def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str = "threaded"):
     """Run `fn(rank, world_size, *args)` in one thread per rank, on torch's "threaded" process group.
 
     Collectives are real torch.distributed calls (DistributedDataParallel works), but the threaded
-    group has no point-to-point send/recv: use run_processes for those. A rank that raises wakes the
-    others out of their collectives, and its exception is raised here as RankFailed.
+    group has no point-to-point send/recv. Inside `course.emulate(...)`, `backend="nccl"` gives the
+    ranks the emulated NCCL instead (send/recv included, every collective on the simulated clock), and
+    each rank thread runs on the emulated GPUs. A rank that raises wakes the others out of their
+    collectives, and its exception is raised here as RankFailed.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be 1 or more; got {world_size}")
@@ -84,7 +86,7 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60):
 
     def rank_main(rank: int) -> None:
         try:
-            dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store,
+            dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                     timeout=datetime.timedelta(seconds=timeout_s))
             results[rank] = fn(rank, world_size, *args)
         except SystemExit:  # woken out of a collective because another rank failed
@@ -99,8 +101,7 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60):
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     mtpg._install_threaded_pg()
     try:
-        threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank {r}", daemon=True)
-                   for r in range(world_size)]
+        threads = [_rank_thread(rank_main, r) for r in range(world_size)]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + timeout_s
@@ -129,6 +130,17 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60):
             f"rank(s) {stuck} of {world_size} did not finish within timeout_s={timeout_s} s. Usually one "
             "rank waits in a collective (all_reduce, DDP backward, ...) that another rank never calls.")
     return results
+
+
+def _rank_thread(target, rank: int) -> threading.Thread:
+    """A rank's thread: inside the emulator when one is active, so the rank can use its GPUs."""
+    from course import devices
+
+    if devices.active is None:
+        return threading.Thread(target=target, args=(rank,), name=f"rank {rank}", daemon=True)
+    from course.emulator import EmulatedThread
+
+    return EmulatedThread(target=target, args=(rank,), name=f"rank {rank}", daemon=True)
 
 
 # -- ranks as processes ---------------------------------------------------------------------------

@@ -1,0 +1,326 @@
+"""`init_process_group("nccl")` on emulated GPUs: real numbers through gloo, time from the NCCL cost model.
+
+A CPU build of PyTorch has no NCCL, yet almost every multi-GPU program names it (or lets torchrun pick
+it). While an emulator is active, "nccl" builds an `EmulatedNCCL` group: each collective or send/recv
+moves the real values through a gloo group underneath (ranks may be threads or processes), and is
+charged to the simulated clock on a communication stream of the rank's GPU, as NCCL runs its kernels
+on a stream of its own. All ranks agree on when a collective starts (the latest rank to be ready), so
+the timeline is the same in every run.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from course import costs
+from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
+
+_TIME = torch.int64
+
+
+def _flat(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat(v)]
+    return []
+
+
+def _unwrap(value):
+    """The CPU tensors gloo moves: an EmulatedTensor's inner tensor shares its storage, so in-place works."""
+    if isinstance(value, EmulatedTensor):
+        return value._inner
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(v) for v in value)
+    return value
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _Done(dist.Work):
+    """A finished collective. `wait()` makes the current stream wait for it, as NCCL's work.wait() does
+    (the host is not blocked)."""
+
+    def __init__(self, group: "EmulatedNCCL", end_ns: int, result, pending=()):
+        super().__init__()
+        self._group, self._end_ns, self._pending = group, end_ns, list(pending)
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._pending:
+            work.wait()
+        self._pending.clear()
+        self._group._current_stream_waits(self._end_ns)
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self):
+        return self._future
+
+
+class _Recv(_Done):
+    """A posted receive: its values and its timing are known only once the message has arrived."""
+
+    def __init__(self, group, tensors, src: int, tag: int):
+        super().__init__(group, 0, list(tensors))
+        self._tensors, self._src = tensors, src
+        self._sender_ready = torch.zeros(1, dtype=_TIME)
+        self._pending = [group._gloo.recv(_unwrap(tensors), src, tag),
+                         group._gloo.recv([self._sender_ready], src, tag)]
+        self._done = False
+
+    def wait(self, timeout=None) -> bool:
+        if not self._done:
+            for work in self._pending:
+                work.wait()
+            self._pending.clear()
+            self._end_ns = self._group._finish_recv(self._tensors, self._src, int(self._sender_ready))
+            self._done = True
+        self._group._current_stream_waits(self._end_ns)
+        return True
+
+
+class EmulatedNCCL(dist.ProcessGroup):
+    """The process group `init_process_group("nccl")` gives on emulated GPUs (see the module docstring)."""
+
+    class Options:
+        """Stands in for ProcessGroupNCCL.Options: init_process_group sets these attributes."""
+
+        def __init__(self):
+            self._timeout = datetime.timedelta(minutes=10)
+            self.is_high_priority_stream = False
+
+    def __init__(self, store, rank: int, size: int, options=None):
+        super().__init__(rank, size)
+        self._emu = current_emulator('init_process_group("nccl")')
+        timeout = getattr(options, "_timeout", None) or datetime.timedelta(minutes=10)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._streams: dict[int, int] = {}
+        self._device: int | None = None  # the rank's GPU, learnt from the first tensors it sends
+        self._sent_clock = torch.zeros(1, dtype=_TIME)
+
+    # -- what torch.distributed asks of a backend ----------------------------------------------------
+    def getBackendName(self) -> str:
+        return "nccl"
+
+    def _set_sequence_number_for_group(self) -> None:
+        """NCCL numbers its collectives for debugging; nothing to number here."""
+
+    def __repr__(self) -> str:
+        return f"<EmulatedNCCL rank {self.rank()} of {self.size()} on emulated cuda:{self._device}>"
+
+    # -- timing ----------------------------------------------------------------------------------
+    def _lane(self, tensors) -> tuple[int, int]:
+        """The rank's GPU (from its tensors, else the last one it used) and NCCL's stream on it."""
+        gpus = [t._device_index for t in tensors if isinstance(t, EmulatedTensor) and t._device_index != CPU]
+        if gpus:
+            self._device = gpus[0]
+        elif self._device is None:
+            self._device = self._emu.current_device()
+        if self._device not in self._streams:
+            self._streams[self._device] = self._emu.new_stream_id(self._device)
+        return self._device, self._streams[self._device]
+
+    def _ready_ns(self, tensors, device: int, stream: int) -> int:
+        """When this rank could start: its host has launched, its inputs and both streams are ready."""
+        clock = self._emu.clock
+        ready = [clock.host_ns + clock.host_launch_ns, clock.stream_ready(device, stream),
+                 clock.stream_ready(device, self._emu.current_stream_id(device))]
+        for t in tensors:
+            ready.append(t.ready_ns if isinstance(t, EmulatedTensor) else host_scratch_ready(t))
+        return max(ready)
+
+    def _charge(self, name: str, tensors, outputs, duration_ns: int, start_ns: int, nbytes: int) -> int:
+        device, stream = self._lane(tensors)
+        end = self._emu.clock.record_span("collective", f"nccl:{name}", device, stream, start_ns,
+                                          start_ns + duration_ns, nbytes)
+        for t in outputs:
+            if isinstance(t, EmulatedTensor):
+                t._block.ready_ns = max(t._block.ready_ns, end)
+            elif t.dim() > 0:
+                mark_host_scratch(t, end)
+        return end
+
+    def _current_stream_waits(self, end_ns: int) -> None:
+        emu = self._emu
+        device = self._device if self._device is not None else emu.current_device()
+        key = (device, emu.current_stream_id(device))
+        with emu.clock.lock:
+            emu.clock.stream_ready_ns[key] = max(emu.clock.stream_ready(*key), end_ns)
+
+    def _collective(self, name: str, cost, call, inputs, outputs, nbytes: int):
+        """Run `call` on the CPU tensors through gloo, then charge `cost(nbytes)` from the agreed start."""
+        tensors = _flat(inputs) + _flat(outputs)
+        device, stream = self._lane(tensors)
+        start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
+        if any(t.is_meta or (isinstance(t, EmulatedTensor) and t._inner.is_meta) for t in tensors):
+            raise NotImplementedError(
+                f"nccl:{name} needs values, and this tensor is shape-only (course.emulate(materialize=False)); "
+                "run distributed code with materialize=True.")
+        call().wait()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([start], opts).wait()
+        end = self._charge(name, tensors, _flat(outputs), cost(nbytes), int(start), nbytes)
+        return _Done(self, end, outputs if isinstance(outputs, list) else [outputs])
+
+    def _link_cost(self, model):
+        link, n = self._emu.link, self.size()
+        return lambda nbytes: model(link, nbytes, n)
+
+    # -- collectives -----------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
+                                lambda: self._gloo.allreduce(_unwrap(tensors), opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
+                                lambda: self._gloo.allreduce_coalesced(_unwrap(tensors), opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        return self._collective("broadcast", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.broadcast(_unwrap(tensors), opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        return self._collective("reduce", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.reduce(_unwrap(tensors), opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
+                                lambda: self._gloo.allgather(_unwrap(output_lists), _unwrap(inputs), opts),
+                                inputs, output_lists, _nbytes(_flat(output_lists)))
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
+                                lambda: self._gloo.allgather_coalesced(_unwrap(output_lists), _unwrap(inputs), opts),
+                                inputs, output_lists, _nbytes(_flat(output_lists)))
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
+                                lambda: self._gloo._allgather_base(_unwrap(output), _unwrap(input), opts),
+                                [input], [output], _nbytes([output]))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1]
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
+                                lambda: self._gloo.reduce_scatter(_unwrap(outputs), _unwrap(input_lists), opts),
+                                input_lists, outputs, _nbytes(_flat(input_lists)))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
+                                lambda: self._gloo._reduce_scatter_base(_unwrap(output), _unwrap(input), opts),
+                                [input], [output], _nbytes([input]))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1]
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _all_to_all_cost(self, nbytes: int) -> int:
+        """Every rank sends (n-1)/n of its bytes, one peer after another over its link."""
+        n = self.size()
+        return costs.copy_ns(self._emu.link, nbytes * (n - 1) // max(n, 1)) if n > 1 else 0
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._collective("all_to_all", self._all_to_all_cost,
+                                lambda: self._gloo.alltoall_base(_unwrap(output), _unwrap(input),
+                                                                 output_split_sizes, input_split_sizes, opts),
+                                [input], [output], _nbytes([input]))
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._collective("all_to_all", self._all_to_all_cost,
+                                lambda: self._gloo.alltoall(_unwrap(outputs), _unwrap(inputs), opts),
+                                inputs, outputs, _nbytes(_flat(inputs)))
+
+    def gather(self, outputs, inputs, opts=None):
+        opts = opts or dist.GatherOptions()
+        return self._collective("gather", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.gather(_unwrap(outputs), _unwrap(inputs), opts),
+                                inputs, outputs, _nbytes(_flat(inputs)) * self.size())
+
+    def scatter(self, outputs, inputs, opts=None):
+        opts = opts or dist.ScatterOptions()
+        return self._collective("scatter", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.scatter(_unwrap(outputs), _unwrap(inputs), opts),
+                                inputs, outputs, _nbytes(_flat(outputs)) * self.size())
+
+    def barrier(self, opts=None):
+        flag = torch.zeros(1)
+        return self._collective("barrier", self._link_cost(costs.ring_allreduce_ns),
+                                lambda: self._gloo.allreduce([flag]), [], [], 0)
+
+    # -- point to point --------------------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int = 0):
+        """Post the values and this rank's ready time; the sender's stream is busy for the transfer."""
+        device, stream = self._lane(tensors)
+        ready = self._ready_ns(tensors, device, stream)
+        clock_msg = torch.tensor([ready], dtype=_TIME)
+        works = [self._gloo.send(_unwrap(tensors), dst, tag), self._gloo.send([clock_msg], dst, tag)]
+        nbytes = _nbytes(tensors)
+        end = self._charge(f"send to {dst}", tensors, [], costs.copy_ns(self._emu.link, nbytes), ready, nbytes)
+        return _Done(self, end, list(tensors), pending=works)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return _Recv(self, tensors, src, tag)
+
+    def _finish_recv(self, tensors, src: int, sender_ready_ns: int) -> int:
+        """The transfer starts when both the sender and this receiver are ready."""
+        device, stream = self._lane(tensors)
+        start = max(sender_ready_ns, self._ready_ns(tensors, device, stream))
+        nbytes = _nbytes(tensors)
+        return self._charge(f"recv from {src}", tensors, tensors, costs.copy_ns(self._emu.link, nbytes), start,
+                            nbytes)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise NotImplementedError(
+            "recv from any source is not modelled by the GPU emulator (NCCL does not support it either); "
+            "name the sending rank: dist.recv(tensor, src=...).")
+
+
+def _nccl_available() -> bool:
+    return True
+
+
+# What course.emulate puts in place in torch.distributed while it is active. NCCL's default timeout is
+# 10 minutes (torch/distributed/constants.py, when NCCL is built in).
+C10D_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
+                "default_pg_nccl_timeout": datetime.timedelta(minutes=10)}
+DIST_PATCHES = {"is_nccl_available": _nccl_available}

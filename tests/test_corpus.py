@@ -1,0 +1,74 @@
+"""Programs written the way public PyTorch examples are, run unchanged on plain CPU torch and on emulated GPUs.
+
+Each program in tests/corpus/ picks `"cuda" if torch.cuda.is_available() else "cpu"` (and nccl or gloo) as
+public scripts do, and ends by printing `RESULT {json}`. It runs twice, each time in a fresh Python: plainly
+(CPU), and under `python -m course --gpus 4` (emulated A100s). The numbers must agree; a program may widen
+the tolerance with "_tolerance": [rtol, atol] (bf16 and fp16 programs do).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parent / "corpus"
+PROGRAMS = sorted(CORPUS.glob("*.py"))
+DEFAULT_TOLERANCE = (1e-4, 1e-5)
+
+
+def _run(command: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=CORPUS, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, (
+        f"{' '.join(command)} exited {done.returncode} without a RESULT line\n"
+        f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _compare(plain, emulated, tolerance, path="RESULT") -> list[str]:
+    """Every difference between the two results, as readable lines."""
+    rtol, atol = tolerance
+    if isinstance(plain, bool) or isinstance(plain, str) or plain is None:
+        return [] if plain == emulated else [f"{path}: plain {plain!r}, emulated {emulated!r}"]
+    if isinstance(plain, (int, float)):
+        if not isinstance(emulated, (int, float)) or isinstance(emulated, bool):
+            return [f"{path}: plain {plain!r}, emulated {emulated!r}"]
+        close = math.isclose(plain, emulated, rel_tol=rtol, abs_tol=atol)
+        return [] if close else [f"{path}: plain {plain!r}, emulated {emulated!r}"]
+    if isinstance(plain, list):
+        if not isinstance(emulated, list) or len(plain) != len(emulated):
+            return [f"{path}: plain has {len(plain)} items, emulated {emulated!r}"]
+        return [d for i, (p, e) in enumerate(zip(plain, emulated)) for d in _compare(p, e, tolerance, f"{path}[{i}]")]
+    if isinstance(plain, dict):
+        if not isinstance(emulated, dict) or set(plain) != set(emulated):
+            return [f"{path}: keys differ: plain {sorted(plain)}, emulated {sorted(emulated) if isinstance(emulated, dict) else emulated!r}"]
+        return [d for key in plain for d in _compare(plain[key], emulated[key], tolerance, f"{path}.{key}")]
+    return [f"{path}: cannot compare {type(plain).__name__}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_program_gives_the_same_numbers_on_emulated_gpus(program):
+    plain = _run([sys.executable, str(program)])
+    emulated = _run([sys.executable, "-m", "course", "--gpus", "4", str(program)])
+    tolerance = tuple(plain.pop("_tolerance", DEFAULT_TOLERANCE))
+    emulated.pop("_tolerance", None)
+    assert plain, f"{program.name} printed an empty RESULT: it must report numbers to compare"
+    differences = _compare(plain, emulated, tolerance)
+    assert not differences, f"{program.name}:\n" + "\n".join(differences[:20])
+
+
+def test_compare_finds_differences():
+    """The comparison itself: equal within tolerance passes, a changed dtype or value does not."""
+    assert _compare({"a": [1.0, 2.0], "d": "torch.bfloat16"}, {"a": [1.0, 2.0 + 1e-7], "d": "torch.bfloat16"},
+                    DEFAULT_TOLERANCE) == []
+    assert _compare({"d": "torch.bfloat16"}, {"d": "torch.float32"}, DEFAULT_TOLERANCE)
+    assert _compare({"a": [1.0]}, {"a": [1.1]}, DEFAULT_TOLERANCE)
+    assert _compare({"a": [1.0]}, {"a": [1.0, 2.0]}, DEFAULT_TOLERANCE)

@@ -1,0 +1,163 @@
+"""`init_process_group("nccl")` and DistributedDataParallel on emulated GPUs, checked against plain CPU torch."""
+import copy
+import os
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import course
+
+
+_init_lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
+
+
+def _model():
+    with _init_lock:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _data(world_size):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(4 * world_size, 6, generator=g), torch.randn(4 * world_size, 3, generator=g)
+
+
+def _reference(world_size, steps=3):
+    """One CPU process training on the global batch: what DDP over world_size ranks must match."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _data(world_size)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _ddp_rank(rank, world_size, steps=3):
+    torch.cuda.set_device(rank)
+    model = _model().to(f"cuda:{rank}")
+    ddp = DDP(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = (t.chunk(world_size)[rank].to(f"cuda:{rank}") for t in _data(world_size))
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return dist.get_backend(), [p.detach().cpu() for p in model.parameters()]
+
+
+def test_ddp_one_rank_gives_plain_gradients(monkeypatch):
+    """The issue's case: gloo, one rank, a layer on cuda:0: the gradient must be CPU torch's, not zeros."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(course.ranks.free_port()))
+    cpu_model = nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    with course.emulate(gpus=2):
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            model = copy.deepcopy(cpu_model).to("cuda:0")
+            ddp = DDP(model, device_ids=[0])
+            for _ in range(2):  # the second backward uses the rebuilt buckets
+                model.zero_grad()
+                ddp(x.to("cuda:0")).square().sum().backward()
+            grads = [p.grad.cpu() for p in model.parameters()]
+        finally:
+            dist.destroy_process_group()
+    cpu_model(x).square().sum().backward()
+    for got, want in zip(grads, [p.grad for p in cpu_model.parameters()]):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_over_emulated_nccl_matches_one_process(world_size):
+    with course.emulate(gpus=world_size) as emu:
+        results = course.run_threads(_ddp_rank, world_size, backend="nccl")
+    want = _reference(world_size)
+    for backend, params in results:
+        assert backend == "nccl"
+        for got, expected in zip(params, want):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    reduces = [e for e in emu.trace if e.name == "nccl:all_reduce"]
+    assert {e.device for e in reduces} == {f"cuda:{r}" for r in range(world_size)}
+    assert all(e.end_ns > e.start_ns for e in reduces)
+
+
+def test_ddp_timeline_is_identical_run_to_run():
+    def trace():
+        with course.emulate(gpus=2) as emu:
+            course.run_threads(_ddp_rank, 2, backend="nccl")
+        return [(e.kind, e.name, e.device, e.stream, e.start_ns, e.end_ns) for e in emu.trace]
+    assert trace() == trace()
+
+
+def _collectives(rank, world_size):
+    torch.cuda.set_device(rank)
+    base = torch.arange(4.0, device="cuda") + 10 * rank
+    out = {}
+    t = base.clone(); dist.all_reduce(t); out["sum"] = t.cpu()
+    t = base.clone(); dist.broadcast(t, src=1); out["broadcast"] = t.cpu()
+    big = torch.empty(4 * world_size, device="cuda"); dist.all_gather_into_tensor(big, base); out["gather"] = big.cpu()
+    part = torch.empty(2, device="cuda"); dist.reduce_scatter_tensor(part, base[:2 * world_size] if world_size == 2 else base.repeat(world_size)[:2 * world_size]); out["rs"] = part.cpu()
+    received = torch.zeros(4, device="cuda")
+    if rank == 0:
+        dist.send(base * 2, dst=1)
+    else:
+        request = dist.irecv(received, src=0)
+        request.wait()
+    out["p2p"] = received.cpu()
+    out["device"] = str(t.device)
+    return out
+
+
+def test_collectives_and_point_to_point_values():
+    with course.emulate(gpus=2) as emu:
+        got = course.run_threads(_collectives, 2, backend="nccl")
+    bases = [torch.arange(4.0) + 10 * r for r in range(2)]
+    for rank, out in enumerate(got):
+        torch.testing.assert_close(out["sum"], bases[0] + bases[1])
+        torch.testing.assert_close(out["broadcast"], bases[1])
+        torch.testing.assert_close(out["gather"], torch.cat(bases))
+        torch.testing.assert_close(out["rs"], (bases[0] + bases[1])[2 * rank:2 * rank + 2])
+        assert out["device"] == f"cuda:{rank}"
+    torch.testing.assert_close(got[1]["p2p"], bases[0] * 2)
+    names = {e.name for e in emu.trace if e.kind == "collective"}
+    assert {"nccl:all_reduce", "nccl:broadcast", "nccl:all_gather", "nccl:reduce_scatter",
+            "nccl:send to 1", "nccl:recv from 0"} <= names
+
+
+def test_receive_starts_when_both_sides_are_ready():
+    """A recv posted long before the send completes when the sender's data exists, not before."""
+    def ranks(rank, world_size):
+        torch.cuda.set_device(rank)
+        x = torch.ones(1024, 1024, device="cuda")
+        if rank == 0:
+            for _ in range(5):
+                x = x @ x / 1024  # keeps GPU 0 busy before it sends
+            dist.send(x, dst=1)
+        else:
+            dist.recv(x, src=0)
+        return None
+    with course.emulate(gpus=2) as emu:
+        course.run_threads(ranks, 2, backend="nccl")
+    last_matmul = max(e.end_ns for e in emu.trace if e.device == "cuda:0" and e.kind == "kernel")
+    recv = next(e for e in emu.trace if e.name == "nccl:recv from 0")
+    assert recv.start_ns >= last_matmul
+
+
+def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
+    with course.emulate(gpus=2):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            torch.ones(3, device="cuda:0") + torch.ones(3)
+
+
+def test_nccl_is_restored_after_the_emulator_stops():
+    with course.emulate(gpus=2):
+        assert dist.is_nccl_available()
+    assert not dist.is_nccl_available()
+    assert "COURSE_EMULATE" not in os.environ
