@@ -216,13 +216,18 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
             continue
         if device is None or device == index:
             device = index
-        elif CPU in (device, index) and _from_torch_internals():
+        elif CPU in (device, index) and (func in _HOST_INDEX_OPS or _from_torch_internals()):
             device, scratch = max(device, index), True
         elif func is torch.ops.aten.copy_.default:
             continue
         else:
             raise device_mismatch(device, index)
     return device, scratch
+
+
+# CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put).
+_HOST_INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                   torch.ops.aten._index_put_impl_.default}
 
 
 def _from_torch_internals() -> bool:

@@ -95,6 +95,8 @@ class Emulator:
         # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
         self._patch(importlib.import_module("torch.nn.parallel.parallel_apply"),
                     {"threading": _EMULATED_THREADING})
+        # So does the DataLoader's pin-memory thread (pin_memory=True with worker processes).
+        self._patch(importlib.import_module("torch.utils.data.dataloader"), {"threading": _EMULATED_THREADING})
         # Without this, Module.to() assigns param.data and silently drops the fake device.
         self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
@@ -192,7 +194,7 @@ class EmulatedThread(threading.Thread):
             clock.host_ns = max(clock.host_ns, self._end_host_ns)
 
 
-_EMULATED_THREADING = types.SimpleNamespace(Thread=EmulatedThread, Lock=threading.Lock)
+_EMULATED_THREADING = types.SimpleNamespace(Thread=EmulatedThread, Lock=threading.Lock, Event=threading.Event)
 
 
 class RealGPUs:

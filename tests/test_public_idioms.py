@@ -1,0 +1,55 @@
+"""Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
+import pytest
+import torch
+import torch.nn as nn
+
+import course
+
+
+@pytest.fixture
+def emu():
+    with course.emulate(gpus=2) as emulator:
+        yield emulator
+
+
+def test_cpu_index_tensors_index_a_gpu_tensor_as_in_cuda(emu):
+    values = torch.arange(5.0)
+    on_gpu = values.to("cuda")
+    picked = on_gpu[torch.tensor([0, 3])]
+    masked = on_gpu[torch.tensor([True, False, True, False, True])]
+    assert picked.device == torch.device("cuda", 0)
+    torch.testing.assert_close(picked.cpu(), values[torch.tensor([0, 3])])
+    torch.testing.assert_close(masked.cpu(), values[torch.tensor([True, False, True, False, True])])
+    on_gpu[torch.tensor([1])] = 7.0
+    assert on_gpu.cpu().tolist() == [0.0, 7.0, 2.0, 3.0, 4.0]
+    with pytest.raises(RuntimeError, match="same device"):  # index_select does not move its index in CUDA
+        torch.index_select(on_gpu, 0, torch.tensor([1]))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_pin_memory_feeds_non_blocking_copies(emu, workers):
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.arange(16))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=workers, pin_memory=True)
+    sums = []
+    for x, _ in loader:
+        assert x.is_pinned()
+        sums.append(x.to("cuda", non_blocking=True).sum().item())
+    expected = [data.tensors[0][i:i + 4].sum().item() for i in range(0, 16, 4)]
+    assert sums == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("options", [{}, {"foreach": True}, {"fused": True}])
+def test_adamw_variants_match_cpu(options):
+    def train(device):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 4).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, **options)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(2, 4, device=device)).square().sum().backward()
+            opt.step()
+        return model.weight.detach().cpu()
+    want = train("cpu")
+    with course.emulate(gpus=1):
+        got = train("cuda")
+    torch.testing.assert_close(got, want)
