@@ -27,6 +27,9 @@ def _index(device=None) -> int:
     return parse_device(device if not isinstance(device, Stream) else device.device, emu)
 
 
+_CUDA = 1  # c10::DeviceType::CUDA, for torch.Stream
+
+
 @dataclass(frozen=True)
 class DeviceProperties:
     """What `torch.cuda.get_device_properties` returns, filled from the GPU preset."""
@@ -43,23 +46,23 @@ class DeviceProperties:
                 f"multi_processor_count={self.multi_processor_count})")
 
 
-class Stream:
-    """A queue of work on one GPU; work on different streams may overlap."""
+class Stream(torch._C.Stream):
+    """A queue of work on one GPU; work on different streams may overlap.
+
+    A `torch.Stream` underneath (stream id, device index, CUDA device type), so PyTorch calls that
+    take a stream, such as `tensor.record_stream(s)`, accept it; every method is the emulator's.
+    """
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        index = _index(device)
+        return cls._existing(index, _emu().new_stream_id(index))
 
     def __init__(self, device=None, priority=0, **kwargs):
-        emu = _emu()
-        self.device_index = _index(device)
-        self.stream_id = emu.new_stream_id(self.device_index)
+        pass
 
     @classmethod
     def _existing(cls, device_index: int, stream_id: int) -> "Stream":
-        stream = cls.__new__(cls)
-        stream.device_index, stream.stream_id = device_index, stream_id
-        return stream
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda", self.device_index)
+        return torch._C.Stream.__new__(cls, stream_id=stream_id, device_index=device_index, device_type=_CUDA)
 
     @property
     def _ready_ns(self) -> int:
@@ -99,13 +102,6 @@ class Stream:
 
     def __exit__(self, *exc):
         self._context.__exit__(*exc)
-
-    def __eq__(self, other):
-        return isinstance(other, Stream) and (self.device_index, self.stream_id) == (
-            other.device_index, other.stream_id)
-
-    def __hash__(self):
-        return hash((self.device_index, self.stream_id))
 
     def __repr__(self):
         return f"<torch.cuda.Stream device=cuda:{self.device_index} stream={self.stream_id}>"
@@ -177,6 +173,13 @@ class Event:
                 "end_event.synchronize() or torch.cuda.synchronize() before elapsed_time)"
             )
         return (end_event.time_ns - self.time_ns) / 1e6
+
+
+class AcceleratorEvent(Event):
+    """`torch.Event(device, enable_timing=...)`, the device-generic event, as a CUDA event."""
+
+    def __init__(self, device=None, *, enable_timing=False, blocking=False, interprocess=False):
+        super().__init__(enable_timing, blocking, interprocess)
 
 
 def is_available() -> bool:
@@ -296,6 +299,11 @@ PATCHES = {
     "manual_seed_all": manual_seed,
     "is_current_stream_capturing": lambda: False,
     "_lazy_init": _lazy_init,
+}
+
+TORCH_PATCHES = {  # the device-generic classes torch.nn.parallel and others call with a device index
+    "Stream": Stream,
+    "Event": AcceleratorEvent,
 }
 
 ACCELERATOR_PATCHES = {

@@ -1,6 +1,7 @@
 """Simulated timing of one DistributedDataParallel training step on emulated GPUs, from the cost model.
 
-Real DDP cannot run on the emulator's fake GPUs, so this replays what its reducer does: backward runs
+Real DDP runs on emulated GPUs (`course.run_threads(fn, n, backend="nccl")`), but it needs every rank's
+values; for what-ifs at real scale (8 GPUs, shapes only) this replays what its reducer does: backward runs
 on cuda:0, each gradient joins a bucket the moment autograd finishes it, and a full bucket's ring
 all-reduce starts on a separate communication stream while backward carries on. The optimizer step
 waits for the last all-reduce. Everything is integer nanoseconds, so runs are identical.

@@ -15,13 +15,16 @@ import torch.cuda.comm
 import torch.distributed
 import torch.distributed.distributed_c10d
 import torch.cuda.nccl
+import torch.cuda.nvtx
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course import autostart, collectives, costs, cuda_api, devices, hardware, nccl, plots
+from course import (autocast, autostart, collectives, costs, cuda_api, devices, hardware, interception, nccl,
+                    plots, profiling)
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
+from course.nvtx import EmulatedNVTX
 from course.trace import TraceEvent
 
 
@@ -85,6 +88,8 @@ class Emulator:
         self._outer = devices.active
         self._patch(torch.cuda, cuda_api.PATCHES)
         self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
+        self._patch(torch, cuda_api.TORCH_PATCHES)
+        self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.nccl, collectives.NCCL_PATCHES)
@@ -97,10 +102,14 @@ class Emulator:
                     {"threading": _EMULATED_THREADING})
         # So does the DataLoader's pin-memory thread (pin_memory=True with worker processes).
         self._patch(importlib.import_module("torch.utils.data.dataloader"), {"threading": _EMULATED_THREADING})
+        for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
+            self._patch(target, replacements)
+        self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
         # Without this, Module.to() assigns param.data and silently drops the fake device.
         self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
         devices.active = self
+        autocast.install()
         self._env_before = autostart.publish(self._config())
         self._mode = EmulatorMode()
         self._mode.__enter__()
@@ -111,6 +120,8 @@ class Emulator:
             return
         self._mode.__exit__(None, None, None)
         self._mode = None
+        autocast.uninstall()
+        profiling.stop_recordings(self)
         devices.active = self._outer
         autostart.restore(self._env_before)
         torch.__future__.set_swap_module_params_on_conversion(self._swap_before)

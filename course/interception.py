@@ -16,6 +16,33 @@ from course.devices import CPU, EmulatedTensor, current_emulator, wrap
 from course.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 
 
+RealDevice = torch.device  # PyTorch's own class, kept before the emulator puts `torch.device` below in its place
+
+
+class _DeviceMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, RealDevice)
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, RealDevice)
+
+
+class device(metaclass=_DeviceMeta):
+    """`torch.device` while the emulator runs: `torch.device(1)` is cuda:1, as on a GPU box.
+
+    A CPU build has no accelerator, so PyTorch itself refuses a bare index ("Cannot access accelerator
+    device when none is available"). Everything else, and every instance, is PyTorch's own `torch.device`.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and _is_index(args[0]):
+            return RealDevice("cuda", args[0])
+        return RealDevice(*args, **kwargs)
+
+
+device.__module__, device.__qualname__ = "torch", "device"  # pickles as torch.device
+
+
 def parse_device(spec, emu=None) -> int:
     """Device index for 'cuda', 'cuda:1', torch.device, an int, or 'cpu' (-1), checked against the count."""
     emu = emu or current_emulator("device")
@@ -73,6 +100,24 @@ def _create_on_device(func, device, args, kwargs):
     return wrap(inner.detach(), index, block, requires_grad)
 
 
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cuda_index(value):
+    """A bare device index as a GPU box reads it: `1` is cuda:1 (a CPU build has no accelerator for it)."""
+    return RealDevice("cuda", value) if _is_index(value) else value
+
+
+def _parse_to(*args, **kwargs):
+    """Tensor.to / Module.to argument parsing, with `.to(rank)` meaning `.to("cuda:<rank>")`; no `copy=`."""
+    if args and not isinstance(args[0], torch.Tensor):
+        args = (_cuda_index(args[0]),) + args[1:]
+    kwargs = {k: _cuda_index(v) if k == "device" else v for k, v in kwargs.items() if k != "copy"}
+    with torch._C.DisableTorchFunction():
+        return torch._C._nn._parse_to(*args, **kwargs)
+
+
 def _to(self, *args, **kwargs):
     if args and isinstance(args[0], torch.Tensor):
         other = args[0]
@@ -82,7 +127,7 @@ def _to(self, *args, **kwargs):
         device, dtype = args[0], (args[1] if len(args) > 1 else kwargs.get("dtype"))
         non_blocking = kwargs.get("non_blocking", False)
     else:
-        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, non_blocking, _ = _parse_to(*args, **kwargs)
     result = self
     if device is not None:
         result = move(result, parse_device(device), non_blocking)
@@ -173,6 +218,7 @@ def _type(self, dtype=None, non_blocking=False, **kwargs):
 
 
 _HANDLERS = {
+    torch._C._nn._parse_to: _parse_to,
     torch.Tensor.to: _to,
     torch.Tensor.cuda: _cuda,
     torch.Tensor.cpu: _cpu,

@@ -16,6 +16,8 @@ KINDS = {  # kind -> (legend label, colour); this order is the legend's
     "collective": ("collective", "tab:green"),
     "host": ("host waiting for GPUs", "tab:gray"),
 }
+NVTX = ("NVTX range", "tab:purple")  # torch.cuda.nvtx ranges: drawn on their own rows under the host
+NVTX_TID = 1  # the host thread NVTX ranges go on in a Chrome trace (host waits are on 0)
 
 
 def _check(trace) -> list[TraceEvent]:
@@ -31,12 +33,40 @@ def _device_key(device: str):
 
 def _lanes(trace) -> list[tuple[str, int]]:
     """The (device, stream) rows of the timeline, host on top; "host" is always there."""
-    lanes = {(e.device, e.stream) for e in trace} | {("host", 0)}
+    lanes = {(e.device, e.stream) for e in trace if e.kind != "nvtx"} | {("host", 0)}
     return sorted(lanes, key=lambda lane: (_device_key(lane[0]), lane[1]))
 
 
 def _lane_label(device: str, stream: int) -> str:
+    if device == "nvtx":
+        return "NVTX" if stream == 0 else f"NVTX depth {stream}"
     return device if stream == 0 else f"{device} s{stream}"
+
+
+def _nvtx_rows(trace) -> list[tuple[str, int]]:
+    """One row per nesting depth of the NVTX ranges, outermost first."""
+    return [("nvtx", depth) for depth in sorted({e.stream for e in trace if e.kind == "nvtx"})]
+
+
+def _draw_nvtx(ax, trace, row, per_unit, span_ns) -> None:
+    """Each range as a bar with its name when there is room; each mark as a dashed line with its name."""
+    label, colour = NVTX
+    mark_label = "NVTX mark"
+    for e in (e for e in trace if e.kind == "nvtx"):
+        y = row[("nvtx", e.stream)]
+        if e.duration_ns == 0:
+            ax.plot([e.start_ns / per_unit] * 2, [y - 0.45, y + 0.45], color=colour, linestyle="--",
+                    label=mark_label)
+            ax.text(e.start_ns / per_unit, y - 0.45, f" {e.name}", ha="left", va="bottom",
+                    fontsize=7, color=colour, clip_on=True)
+            mark_label = None
+            continue
+        ax.broken_barh([(e.start_ns / per_unit, e.duration_ns / per_unit)], (y - 0.4, 0.8),
+                       facecolors=colour, alpha=0.55, edgecolor=colour, label=label)
+        label = None
+        if e.duration_ns > 0.05 * span_ns:
+            ax.text((e.start_ns + e.end_ns) / 2 / per_unit, y, e.name, ha="center", va="center",
+                    fontsize=8, clip_on=True)
 
 
 def plot_timeline(trace, ax=None, title=None, start_ms=None, end_ms=None):
@@ -49,6 +79,7 @@ def plot_timeline(trace, ax=None, title=None, start_ms=None, end_ms=None):
     import matplotlib.pyplot as plt  # here, not at the top: pyplot takes a second to import
 
     lanes = _lanes(trace)
+    lanes = lanes[:1] + _nvtx_rows(trace) + lanes[1:]  # host, its NVTX ranges, then the GPUs
     row = {lane: i for i, lane in enumerate(lanes)}
     lo_ns = min(e.start_ns for e in trace) if start_ms is None else start_ms * 1e6
     hi_ns = max(e.end_ns for e in trace) if end_ms is None else end_ms * 1e6
@@ -71,6 +102,7 @@ def plot_timeline(trace, ax=None, title=None, start_ms=None, end_ms=None):
                         f"← {e.peer}" if _copied_in(e, e.device) else f"→ {e.peer}",
                         ha="center", va="center", fontsize=8, clip_on=True)
 
+    _draw_nvtx(ax, trace, row, per_unit, hi_ns - lo_ns)
     ax.set_yticks(range(len(lanes)), [_lane_label(*lane) for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # host on top
     ax.set_xlim(lo_ns / per_unit, hi_ns / per_unit)
@@ -78,7 +110,7 @@ def plot_timeline(trace, ax=None, title=None, start_ms=None, end_ms=None):
     ax.set_ylabel("device and stream")
     ax.set_title(title or "What each GPU did (white space = idle)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(lanes) < 4 else -0.15),
-              ncol=len(KINDS), frameon=False)
+              ncol=len(ax.get_legend_handles_labels()[1]), frameon=False)
     return ax
 
 
@@ -100,12 +132,25 @@ def export_chrome_trace(trace, path):
         name = "host" if device == "host" else f"stream {stream}" + (" (default)" if stream == 0 else "")
         meta.append({"ph": "M", "name": "thread_name", "pid": pid[device], "tid": stream,
                      "args": {"name": name}})
-    events = [{"ph": "X", "name": e.name, "cat": e.kind, "pid": pid[e.device], "tid": e.stream,
-               "ts": e.start_ns / 1e3, "dur": e.duration_ns / 1e3,
-               "args": {"flops": e.flops, "bytes": e.bytes, "peer": e.peer}} for e in trace]
+    if any(e.kind == "nvtx" for e in trace):
+        meta.append({"ph": "M", "name": "thread_name", "pid": pid["host"], "tid": NVTX_TID,
+                     "args": {"name": "NVTX ranges"}})
+    events = [_chrome_event(e, pid[e.device]) for e in trace]
     with open(path, "w") as f:
         json.dump({"traceEvents": meta + events, "displayTimeUnit": "ms"}, f)
     return path
+
+
+def _chrome_event(e: TraceEvent, pid: int) -> dict:
+    if e.kind == "nvtx":  # ranges nest by time on one thread; a mark is an instant
+        if e.duration_ns == 0:
+            return {"ph": "i", "s": "t", "name": e.name, "cat": "nvtx", "pid": pid, "tid": NVTX_TID,
+                    "ts": e.start_ns / 1e3}
+        return {"ph": "X", "name": e.name, "cat": "nvtx", "pid": pid, "tid": NVTX_TID,
+                "ts": e.start_ns / 1e3, "dur": e.duration_ns / 1e3, "args": {"depth": e.stream}}
+    return {"ph": "X", "name": e.name, "cat": e.kind, "pid": pid, "tid": e.stream,
+            "ts": e.start_ns / 1e3, "dur": e.duration_ns / 1e3,
+            "args": {"flops": e.flops, "bytes": e.bytes, "peer": e.peer}}
 
 
 def _busy_ns(intervals) -> int:

@@ -58,8 +58,11 @@ def _compare(plain, emulated, tolerance, path="RESULT") -> list[str]:
 def test_program_gives_the_same_numbers_on_emulated_gpus(program):
     plain = _run([sys.executable, str(program)])
     emulated = _run([sys.executable, "-m", "course", "--gpus", "4", str(program)])
-    tolerance = tuple(plain.pop("_tolerance", DEFAULT_TOLERANCE))
-    emulated.pop("_tolerance", None)
+    tolerance = DEFAULT_TOLERANCE
+    if isinstance(plain, dict):
+        tolerance = tuple(plain.pop("_tolerance", DEFAULT_TOLERANCE))
+    if isinstance(emulated, dict):
+        emulated.pop("_tolerance", None)
     assert plain, f"{program.name} printed an empty RESULT: it must report numbers to compare"
     differences = _compare(plain, emulated, tolerance)
     assert not differences, f"{program.name}:\n" + "\n".join(differences[:20])

@@ -53,3 +53,27 @@ def test_adamw_variants_match_cpu(options):
     with course.emulate(gpus=1):
         got = train("cuda")
     torch.testing.assert_close(got, want)
+
+
+def test_integer_devices_mean_cuda_as_on_a_gpu_box(emu):
+    """`torch.device(1)`, `.to(rank)`, `Module.to(rank)` and `device=rank` all name cuda:<rank>."""
+    assert torch.device(1) == torch.device("cuda", 1) and isinstance(torch.device(1), torch.device)
+    model = nn.Linear(2, 2).to(1)
+    assert model.weight.device == torch.device("cuda", 1)
+    x = torch.ones(3).to(device=1, dtype=torch.float16)
+    assert (x.device, x.dtype) == (torch.device("cuda", 1), torch.float16)
+    assert torch.zeros(2, device=0).device == torch.device("cuda", 0)
+    torch.testing.assert_close(model(x.float().expand(2, 3)[:, :2]).cpu(),
+                               nn.functional.linear(torch.ones(2, 2), model.weight.cpu(), model.bias.cpu()))
+
+
+def test_dataparallel_scatters_a_cpu_batch_on_copy_streams(emu):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    batch = torch.randn(8, 4)
+    expected = model(batch)
+    out = nn.DataParallel(model.cuda())(batch)
+    assert out.device == torch.device("cuda", 0)
+    torch.testing.assert_close(out.cpu(), expected)
+    stream = torch.Stream(1)
+    assert isinstance(stream, torch.Stream) and stream.device == torch.device("cuda", 1)
