@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from course import costs
+from course import costs, cuda_only_ops
 from course.memory import Block
 
 CPU = -1  # device index of the host in the emulator's bookkeeping
@@ -289,12 +289,16 @@ def run_kernel(emu, func, args, kwargs):
         return read_scalar(args[0])
     emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
     try:
-        out = func(*un_args, **un_kwargs)
+        out = cuda_only_ops.KERNELS.get(func, func)(*un_args, **un_kwargs)
     except NotImplementedError as error:
+        if any(t.is_meta for t in tensors if not isinstance(t, EmulatedTensor)) or any(
+                t._inner.is_meta for t in emulated):
+            raise NotImplementedError(
+                f"The GPU emulator cannot run {func} in shape-only mode (materialize=False): "
+                f"{str(error).splitlines()[0]} Run this part with course.emulate(..., materialize=True).") from None
         raise NotImplementedError(
-            f"The GPU emulator cannot run {func} in shape-only mode (materialize=False): "
-            f"{error}. Run this part with course.emulate(..., materialize=True)."
-        ) from None
+            f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
+            f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
     multiple = isinstance(out, (tuple, list))
     flat_out = list(out) if multiple else [out]
 
@@ -375,6 +379,8 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
         if dtype is torch.float32:
             allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
                           else torch.backends.cuda.matmul.allow_tf32)
-    duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, info.tensor_cores, allow_tf32)
+    gemm = costs.gemm_shape(func, args, kwargs, out) if info.tensor_cores else None
+    duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, info.tensor_cores, allow_tf32,
+                               gemm)
     return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
                             inputs_ready_ns, flops=flops, nbytes=bytes_read + bytes_written)

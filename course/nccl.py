@@ -29,6 +29,12 @@ def _flat(value) -> list[torch.Tensor]:
     return []
 
 
+def _by_count(tensor):
+    """NCCL's all-gather and reduce-scatter into one tensor go by element count, gloo by the first dimension
+    (SyncBatchNorm gathers into a 1 x n tensor): give gloo flat views of the same memory."""
+    return _unwrap(tensor).view(-1)
+
+
 def _unwrap(value):
     """The CPU tensors gloo moves: an EmulatedTensor's inner tensor shares its storage, so in-place works."""
     if isinstance(value, EmulatedTensor):
@@ -219,7 +225,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
-                                lambda: self._gloo._allgather_base(_unwrap(output), _unwrap(input), opts),
+                                lambda: self._gloo._allgather_base(_by_count(output), _by_count(input), opts),
                                 [input], [output], _nbytes([output]))
 
     _allgather_base = all_gather_single
@@ -239,7 +245,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
-                                lambda: self._gloo._reduce_scatter_base(_unwrap(output), _unwrap(input), opts),
+                                lambda: self._gloo._reduce_scatter_base(_by_count(output), _by_count(input), opts),
                                 [input], [output], _nbytes([input]))
 
     _reduce_scatter_base = reduce_scatter_single

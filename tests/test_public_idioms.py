@@ -77,3 +77,28 @@ def test_dataparallel_scatters_a_cpu_batch_on_copy_streams(emu):
     torch.testing.assert_close(out.cpu(), expected)
     stream = torch.Stream(1)
     assert isinstance(stream, torch.Stream) and stream.device == torch.device("cuda", 1)
+
+
+def test_sync_batchnorm_kernels_follow_batchnorm():
+    """The CUDA-only batch_norm_* ops, in CPU torch, give BatchNorm's output, running stats and gradients."""
+    from course import cuda_only_ops as ops
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, 5, 5, requires_grad=True)
+    weight, bias = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    running = (torch.zeros(4), torch.ones(4))
+    expected = nn.functional.batch_norm(x, *running, weight, bias, training=True, momentum=0.1, eps=1e-5)
+    dy = torch.randn_like(expected)
+    expected.backward(dy)
+    halves = [ops.batch_norm_stats(h.detach(), 1e-5) for h in x.detach().chunk(2)]  # two "ranks"
+    ours_running = (torch.zeros(4), torch.ones(4))
+    mean, invstd = ops.batch_norm_gather_stats_with_counts(
+        x, torch.stack([m for m, _ in halves]), torch.stack([s for _, s in halves]), *ours_running, 0.1, 1e-5,
+        torch.tensor([75.0, 75.0]))  # elements per channel on each rank
+    out = ops.batch_norm_elemt(x.detach(), weight.detach(), bias.detach(), mean, invstd, 1e-5)
+    torch.testing.assert_close(out, expected.detach())
+    torch.testing.assert_close(ours_running, running)
+    sum_dy, sum_dy_xmu, grad_w, grad_b = ops.batch_norm_backward_reduce(dy, x.detach(), mean, invstd, weight.detach(),
+                                                                        True, True, True)
+    grad_x = ops.batch_norm_backward_elemt(dy, x.detach(), mean, invstd, weight.detach(), sum_dy, sum_dy_xmu,
+                                           torch.tensor([75, 75], dtype=torch.int32))
+    torch.testing.assert_close((grad_x, grad_w, grad_b), (x.grad, weight.grad, bias.grad))

@@ -1,0 +1,92 @@
+"""ATen ops that only CUDA implements, written with CPU torch ops so emulated GPUs can run them.
+
+`nn.SyncBatchNorm` is the common case: its forward and backward call the batch_norm_* ops below, which
+a CPU build registers for no device at all. Each follows the CUDA kernel's math (aten/src/ATen/native/
+cuda/Normalization.cuh): biased variance for normalising, unbiased for the running estimate,
+statistics in float32 for half-precision inputs.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _reduce_dims(x: torch.Tensor) -> list[int]:
+    return [d for d in range(x.dim()) if d != 1]
+
+
+def _per_channel(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return v.reshape([1, -1] + [1] * (x.dim() - 2))
+
+
+def _stat_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def batch_norm_stats(x, eps):
+    xf = x.to(_stat_dtype(x))
+    mean = xf.mean(_reduce_dims(x))
+    var = (xf - _per_channel(mean, x)).square().mean(_reduce_dims(x))
+    return mean, (var + eps).rsqrt()
+
+
+def batch_norm_gather_stats_with_counts(x, means, invstds, running_mean, running_var, momentum, eps, counts):
+    counts = counts.to(means.dtype).reshape(-1, 1)
+    total = counts.sum()
+    mean = (counts * means).sum(0) / total
+    variances = invstds.reciprocal().square() - eps
+    var = (counts * (variances + (means - mean).square())).sum(0) / total
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+        if running_var is not None:
+            unbiased = var * total / (total - 1)
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+    return mean, (var + eps).rsqrt()
+
+
+def batch_norm_gather_stats(x, means, invstds, running_mean, running_var, momentum, eps, count):
+    counts = torch.full((means.shape[0],), count, dtype=means.dtype)
+    return batch_norm_gather_stats_with_counts(x, means, invstds, running_mean, running_var, momentum, eps, counts)
+
+
+def batch_norm_elemt(x, weight, bias, mean, invstd, eps):
+    out = (x.to(mean.dtype) - _per_channel(mean, x)) * _per_channel(invstd, x)
+    if weight is not None:
+        out = out * _per_channel(weight.to(mean.dtype), x)
+    if bias is not None:
+        out = out + _per_channel(bias.to(mean.dtype), x)
+    return out.to(x.dtype)
+
+
+def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g, weight_g, bias_g):
+    dims = _reduce_dims(x)
+    dy = grad_out.to(mean.dtype)
+    sum_dy = dy.sum(dims)
+    sum_dy_xmu = (dy * (x.to(mean.dtype) - _per_channel(mean, x))).sum(dims)
+    nothing = mean.new_empty(0)
+    grad_weight = (sum_dy_xmu * invstd).to(weight.dtype) if weight is not None and weight_g else nothing
+    grad_bias = sum_dy.to(weight.dtype if weight is not None else mean.dtype) if bias_g else nothing
+    if not input_g:
+        sum_dy, sum_dy_xmu = nothing, nothing
+    return sum_dy, sum_dy_xmu, grad_weight, grad_bias
+
+
+def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count):
+    norm = 1.0 / count.sum().to(mean.dtype)
+    grad_mean = _per_channel(sum_dy * norm, x)
+    proj_scale = _per_channel(sum_dy_xmu * norm * invstd * invstd, x)
+    grad_scale = _per_channel(invstd if weight is None else invstd * weight.to(mean.dtype), x)
+    xmu = x.to(mean.dtype) - _per_channel(mean, x)
+    return ((grad_out.to(mean.dtype) - grad_mean - xmu * proj_scale) * grad_scale).to(x.dtype)
+
+
+KERNELS = {
+    aten.batch_norm_stats.default: batch_norm_stats,
+    aten.batch_norm_gather_stats.default: batch_norm_gather_stats,
+    aten.batch_norm_gather_stats_with_counts.default: batch_norm_gather_stats_with_counts,
+    aten.batch_norm_elemt.default: batch_norm_elemt,
+    aten.batch_norm_backward_reduce.default: batch_norm_backward_reduce,
+    aten.batch_norm_backward_elemt.default: batch_norm_backward_elemt,
+}
