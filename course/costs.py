@@ -9,7 +9,8 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import HOST_LAUNCH_OVERHEAD_US, GPU, Link
+from course.hardware import (GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NCCL_CALL_US,
+                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link)
 
 aten = torch.ops.aten
 
@@ -64,16 +65,58 @@ def peak_flops_per_s(gpu: GPU, dtype: torch.dtype, tensor_cores: bool, allow_tf3
     return gpu.peak_tflops[key] * 1e12
 
 
+def gemm_shape(func, args, kwargs=None, out=None) -> tuple[int, int, int, int] | None:
+    """(batch, m, n, k) of a matmul-like aten op (mm, addmm, bmm, baddbmm), None for anything else."""
+    try:
+        packet = _packet(func)
+        if packet is aten.mm:
+            a, b = args[0], args[1]
+        elif packet is aten.addmm:
+            a, b = args[1], args[2]
+        elif packet is aten.bmm:
+            a, b = args[0], args[1]
+        elif packet is aten.baddbmm:
+            a, b = args[1], args[2]
+        else:
+            return None
+        if a.dim() == 2:
+            return 1, int(a.shape[0]), int(b.shape[1]), int(a.shape[1])
+        return int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), int(a.shape[2])
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def gemm_shape_efficiency(gpu: GPU, batch: int, m: int, n: int, k: int) -> float:
+    """Fraction of a large GEMM's FLOP rate that a (batch x) m x n x k GEMM reaches: wave and tile quantization.
+
+    For each tile (tm x tn, relative speed s) the output needs batch * ceil(m/tm) * ceil(n/tn) tiles, run in
+    ceil(tiles / SMs) waves; the useful fraction is batch*m*n / (waves * SMs * tm*tn), times s, times
+    k / (k + fixed cost of a tile). The best tile wins, as cuBLAS's heuristics pick one.
+    """
+    if min(batch, m, n, k) <= 0:
+        return 1.0
+    sms = gpu.multi_processor_count
+    best = 0.0
+    for tm, tn, speed in GEMM_TILES:
+        tiles = batch * -(-m // tm) * -(-n // tn)
+        waves = -(-tiles // sms)
+        best = max(best, speed * batch * m * n / (waves * sms * tm * tn))
+    return best * k / (k + GEMM_TILE_K_OVERHEAD)
+
+
 def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor_cores: bool,
-              allow_tf32: bool) -> int:
+              allow_tf32: bool, gemm: tuple[int, int, int, int] | None = None) -> int:
     """Roofline time of one kernel: compute and memory traffic overlap, so the slower one sets the pace.
 
-    time = kernel_min_us + max(flops / (peak * matmul_efficiency), bytes / (bandwidth * memory_efficiency)),
-    with matmul_efficiency only for tensor-core ops.
+    time = kernel_min_us + max(flops / (peak * matmul_efficiency * shape), bytes / (bandwidth * memory_efficiency)),
+    with matmul_efficiency only for tensor-core ops, and shape = gemm_shape_efficiency(...) when the op's
+    GEMM shape (batch, m, n, k) is given (1 otherwise).
     """
     flops_per_s = peak_flops_per_s(gpu, dtype, tensor_cores, allow_tf32)
     if tensor_cores:
         flops_per_s *= gpu.matmul_efficiency
+        if gemm is not None:
+            flops_per_s *= gemm_shape_efficiency(gpu, *gemm)
     compute_s = flops / flops_per_s
     memory_s = bytes_moved / (gpu.memory_bandwidth_gbps * 1e9 * gpu.memory_efficiency)
     return math.ceil(gpu.kernel_min_us * 1000 + max(compute_s, memory_s) * 1e9)
@@ -94,47 +137,60 @@ def device_copy_ns(gpu: GPU, nbytes: int) -> int:
                      + 2 * nbytes / (gpu.memory_bandwidth_gbps * gpu.memory_efficiency))
 
 
-def _ring_ns(link: Link, steps: int, bytes_per_step: float) -> int:
-    return math.ceil(steps * (link.latency_us * 1000 + bytes_per_step / (link.bandwidth_gbps * link.efficiency)))
+def collective_ns(link: Link, nbytes: int, num_gpus: int, steps: int, bus_bytes: float,
+                  all_reduce: bool = False) -> int:
+    """NCCL-like time of one collective call.
 
-
-def ring_allreduce_ns(link: Link, nbytes: int, num_gpus: int) -> int:
-    """Ring all-reduce (alpha-beta model): a reduce-scatter then an all-gather.
-
-    time = 2(n-1) * (latency + (nbytes/n) / (bandwidth * efficiency)). nccl-tests reports
-    algbw = nbytes / time and "bus bandwidth" busbw = algbw * 2(n-1)/n, which tends to
-    bandwidth * efficiency for large messages whatever n is.
+    time = NCCL_CALL_US + hops * hop_latency_us + bus_bytes / busbw(bus_bytes), where bus_bytes is what
+    nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives), and
+    busbw(x) = busbw_max * min(1, (x / (busbw_max * NCCL_RAMP_FULL_S)) ** NCCL_RAMP_EXPONENT): small
+    messages do not fill NCCL's pipeline. busbw_max is bandwidth * efficiency on a ring; an all-reduce on an
+    NVSwitch link with NVLink SHARP (nvls_busbw_gbps) reduces in the switch: more bus bandwidth, and two
+    hops (up to the switch and back) instead of 2(n-1).
     """
     if num_gpus == 1:
         return 0
-    return _ring_ns(link, 2 * (num_gpus - 1), nbytes / num_gpus)
+    busbw = link.bandwidth_gbps * link.efficiency * 1e9
+    hops = steps
+    if all_reduce and link.nvls_busbw_gbps:
+        busbw, hops = link.nvls_busbw_gbps * 1e9, 2
+    full = busbw * NCCL_RAMP_FULL_S
+    ramp = min(1.0, (bus_bytes / full) ** NCCL_RAMP_EXPONENT) if bus_bytes > 0 else 1.0
+    seconds = bus_bytes / (busbw * ramp) if bus_bytes > 0 else 0.0
+    return math.ceil((NCCL_CALL_US + hops * link.hop_latency_us) * 1000 + seconds * 1e9)
+
+
+def ring_allreduce_ns(link: Link, nbytes: int, num_gpus: int) -> int:
+    """All-reduce: a reduce-scatter then an all-gather, 2(n-1) steps (NVLS in the switch where the link has it).
+
+    nccl-tests reports algbw = nbytes / time and busbw = algbw * 2(n-1)/n, which tends to
+    bandwidth * efficiency (or nvls_busbw_gbps) for large messages whatever n is; see `collective_ns`.
+    """
+    steps = 2 * (num_gpus - 1)
+    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1), all_reduce=True)
 
 
 def ring_allgather_ns(link: Link, nbytes: int, num_gpus: int) -> int:
     """Ring all-gather of an nbytes output: (n-1) steps each passing one nbytes/n shard along.
 
-    time = (n-1) * (latency + (nbytes/n) / (bandwidth * efficiency)); nccl-tests busbw = algbw * (n-1)/n.
+    nccl-tests busbw = algbw * (n-1)/n; see `collective_ns`.
     """
-    if num_gpus == 1:
-        return 0
-    return _ring_ns(link, num_gpus - 1, nbytes / num_gpus)
+    steps = num_gpus - 1
+    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1))
 
 
 def ring_reduce_scatter_ns(link: Link, nbytes: int, num_gpus: int) -> int:
     """Ring reduce-scatter of an nbytes input: the all-gather's mirror image, same (n-1) steps of nbytes/n.
 
-    time = (n-1) * (latency + (nbytes/n) / (bandwidth * efficiency)); nccl-tests busbw = algbw * (n-1)/n.
+    nccl-tests busbw = algbw * (n-1)/n; see `collective_ns`.
     """
-    if num_gpus == 1:
-        return 0
-    return _ring_ns(link, num_gpus - 1, nbytes / num_gpus)
+    steps = num_gpus - 1
+    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1))
 
 
 def broadcast_ns(link: Link, nbytes: int, num_gpus: int) -> int:
     """Pipelined ring broadcast: the data streams down the chain once, each hop adds its latency.
 
-    time = (n-1) * latency + nbytes / (bandwidth * efficiency); nccl-tests busbw = algbw.
+    nccl-tests busbw = algbw; see `collective_ns`.
     """
-    if num_gpus == 1:
-        return 0
-    return math.ceil((num_gpus - 1) * link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * link.efficiency))
+    return collective_ns(link, nbytes, num_gpus, num_gpus - 1, nbytes)

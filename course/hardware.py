@@ -22,6 +22,25 @@ _KERNEL_MIN_US = 2.0
 _H100_MEMORY_EFFICIENCY = 3.0 / 3.35
 
 
+# ---- shape-aware GEMM efficiency (course/costs.py `gemm_shape_efficiency`) ----
+# A GEMM runs as output tiles, one per SM at a time, in waves over the SMs; a partial last wave and tiles
+# hanging over the matrix edge do no useful work, so 1024^3 and skinny shapes are slower per FLOP than
+# large square ones. Threadblock tiles (output rows x columns) are those CUTLASS generates for sm_80
+# tensor-core GEMMs (tools/library/scripts/generator.py, GenerateSM80_TensorOp_16816, e.g. 256x128,
+# 128x256, 256x64, 128x128 ..., https://github.com/NVIDIA/cutlass); cuBLAS chooses among similar tiles, and
+# the model takes the best one. The same set is used for every tensor-core architecture here (sm_70 to
+# sm_90: an assumption beyond sm_80). The relative speed of the smaller tiles (they re-read more operand
+# bytes per FLOP) and the fixed cost of a tile (prologue + epilogue, as extra k) are fitted on the
+# calibration half of benchmarks/fidelity.py only (Azure ND A100 v4 fp16 1024^3, 4096^3, 16384^3,
+# 6144x12288x12288; RTX 4090 512^3 and 8192^3).
+# Grid search over the smaller tiles' speeds (0.2-1.0) and the k overhead (0-256) minimising the squared log
+# error on those rows (each preset's matmul_efficiency refitted to its anchor row at every point) chose:
+# every tile smaller than 256x128 at 0.8 of its speed, and no k overhead.
+GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), (128, 128, 0.8),
+              (128, 64, 0.8), (64, 128, 0.8), (64, 64, 0.8))
+GEMM_TILE_K_OVERHEAD = 0
+
+
 @dataclass(frozen=True)
 class GPU:
     """One GPU model: what torch reports about it, and what its kernels can reach."""
@@ -48,6 +67,11 @@ class Link:
     efficiency: float
     pageable_efficiency: float
     latency_us: float
+    # NCCL's per-hop latency on this kind of link (see NCCL_HOP_LATENCY_US below).
+    hop_latency_us: float = 0.0
+    # Bus bandwidth of an all-reduce with NVLink SHARP (NVLS), on machines whose NVSwitches reduce in the
+    # switch; 0 where there is none, and the all-reduce is a ring at bandwidth_gbps * efficiency.
+    nvls_busbw_gbps: float = 0.0
 
 
 _GPU_LIST = [
@@ -69,36 +93,41 @@ _GPU_LIST = [
     # (https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/ND_A100_v4_results.md); the
     # A100 reaches a smaller fraction of its datasheet bandwidth than the H100, so the H100 figure is not reused.
     # The 40GB model has no measurement of its own and shares the 80GB fraction (assumption).
+    # With the shape model (GEMM_TILES), 267.9 TFLOP/s on that 6912x16384x2048 shape (whole waves of 256x128
+    # tiles on 108 SMs: shape efficiency 1) and 2 us kernel minimum fit matmul_efficiency = 0.8599.
     GPU("A100-40GB", "NVIDIA A100-SXM4-40GB", 40 * GiB, 108, (8, 0),
         {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-        1555.0, 267.9 / 312, 1.61 / 2.039, _KERNEL_MIN_US),
+        1555.0, 0.8599, 1.61 / 2.039, _KERNEL_MIN_US),
     GPU("A100-80GB", "NVIDIA A100-SXM4-80GB", 80 * GiB, 108, (8, 0),
         {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-        2039.0, 267.9 / 312, 1.61 / 2.039, _KERNEL_MIN_US),
+        2039.0, 0.8599, 1.61 / 2.039, _KERNEL_MIN_US),
     # H100 SXM5 80GB, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
     # : FP64 34, FP32 67, TF32 989 / BF16 1,979 / FP16 1,979 TFLOPS *with sparsity* (halved here for dense),
     # 80 GB HBM3 at 3.35 TB/s. 132 SMs, sm_90 (Hopper whitepaper,
     # https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper).
     # Calibrated in this workplace: an 8192^3 bf16 matmul ran at 798 TFLOP/s, a device-to-device copy at
-    # 3.0 TB/s counting bytes read + written.
+    # 3.0 TB/s counting bytes read + written. With the shape model, 8192^3 is 2048 256x128 tiles in 16 waves
+    # over 132 SMs (shape efficiency 0.970), so 798 TFLOP/s fits matmul_efficiency = 0.8333.
     GPU("H100", "NVIDIA H100 80GB HBM3", 80 * GiB, 132, (9, 0),
         {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-        3350.0, 798 / 989.4, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+        3350.0, 0.8333, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # H200 SXM 141GB, https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446
     # : same compute as H100 SXM (FP64 34, FP32 67, TF32 989*, BF16/FP16 1,979* with sparsity), 141 GB HBM3e
     # at 4.8 TB/s. Same GH100 die: 132 SMs, sm_90. memory_bytes uses the advertised 141 as GiB.
-    # Calibrated in this workplace: 788 TFLOP/s on an 8192^3 bf16 matmul, 4.3 TB/s read + written on a copy.
+    # Calibrated in this workplace: 788 TFLOP/s on an 8192^3 bf16 matmul (matmul_efficiency 0.8228 with the
+    # shape model, as for the H100), 4.3 TB/s read + written on a copy.
     GPU("H200", "NVIDIA H200", 141 * GiB, 132, (9, 0),
         {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-        4800.0, 788 / 989.4, 4.3 / 4.8, _KERNEL_MIN_US),
+        4800.0, 0.8228, 4.3 / 4.8, _KERNEL_MIN_US),
     # GeForce RTX 4090, Ada whitepaper appendix,
     # https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf
     # : 128 SMs, FP32 82.6 TFLOPS, tensor FP16/BF16 with FP32 accumulate 165.2 (dense), TF32 82.6, 24 GB
     # GDDR6X at 1,008 GB/s, sm_89. FP64 runs at 1/64 of FP32 on Ada (same whitepaper): 1.3 TFLOPS.
-    # matmul_efficiency 0.80: no measurement; assumed like the H100/H200 calibration.
+    # matmul_efficiency 0.9604: fitted on the calibration row "fp16 8192^3 at 158.596 TFLOP/s" of an RTX 4090
+    # (https://github.com/mli/transformers-benchmarks/issues/4, first post; shape efficiency 1 on 128 SMs).
     GPU("RTX4090", "NVIDIA GeForce RTX 4090", 24 * GiB, 128, (8, 9),
         {"fp64": 1.3, "fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
-        1008.0, 0.80, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+        1008.0, 0.9604, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # T4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
     # : FP32 8.1, mixed FP16/FP32 tensor 65 TFLOPS, 16 GB GDDR6 at 320 GB/s, 2,560 CUDA cores = 40 SMs, sm_75.
     # FP64 is 1/32 of FP32 on Turing (Turing whitepaper,
@@ -111,6 +140,23 @@ _GPU_LIST = [
         320.0, 0.70, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
 ]
 
+# ---- NCCL-like collective model (course/costs.py `collective_ns`) ----
+# Per-hop latency by link type: NCCL's own tuning model (src/graph/tuning.cc, `hwLat`, Ring/LL column,
+# https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc): NVLink 0.47 us, PCI 1.0 us per step.
+NCCL_HOP_LATENCY_US = {"nvlink": 0.47, "pci": 1.0}
+# Fixed cost of one collective call on top of the hops (kernel launch, channel setup, the final sync that
+# nccl-tests' time includes), the growth of bus bandwidth with message size (busbw(x) = busbw_max *
+# min(1, (x / n_full)^NCCL_RAMP_EXPONENT), n_full = busbw_max * NCCL_RAMP_FULL_S: small messages do not fill
+# NCCL's pipeline, and slower links fill with smaller messages) and nvlink4's NVLS bus bandwidth were fitted
+# together, by a grid search minimising the squared log error, on the calibration half of
+# benchmarks/fidelity.py only: the all-reduces of Azure's ND A100 v4 (1 KiB, 64 KiB, 16 MiB, 1 GiB; 8 GPUs)
+# and ND H200 v5 (1 KiB, 1 MiB, 1 GiB) tables (https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results)
+# and 4x RTX 4090 at 256 MiB (https://github.com/tinygrad/open-gpu-kernel-modules/issues/36).
+NCCL_CALL_US = 27.0
+NCCL_RAMP_EXPONENT = 0.11
+NCCL_RAMP_FULL_S = 8.0e-3
+_NVLINK4_NVLS_BUSBW_GBPS = 505.0
+
 _LINK_LIST = [
     # PCIe x16 per direction: 8/16/32 GT/s per lane with 128b/130b encoding gives 15.75/31.5/63 GB/s
     # (PCI-SIG, https://pcisig.com/specifications/pciexpress/). Pinned copies in CUDA's bandwidthTest reach
@@ -121,19 +167,23 @@ _LINK_LIST = [
     # pinned; PCIe 3 and 5 keep that pageable/pinned ratio (assumption: no published pageable numbers found).
     # Pageable speed depends a lot on the host CPU and memory. The 5 us per-transfer latency is an estimate
     # of cudaMemcpy's fixed cost.
-    Link("pcie3", "PCIe 3.0 x16", 15.75, 0.80, 0.80 * 10.0 / 25.7, 5.0),
-    Link("pcie4", "PCIe 4.0 x16", 31.5, 0.82, 10.0 / 31.5, 5.0),
-    Link("pcie5", "PCIe 5.0 x16", 63.0, 0.85, 0.85 * 10.0 / 25.7, 5.0),
+    Link("pcie3", "PCIe 3.0 x16", 15.75, 0.80, 0.80 * 10.0 / 25.7, 5.0, NCCL_HOP_LATENCY_US["pci"]),
+    Link("pcie4", "PCIe 4.0 x16", 31.5, 0.82, 10.0 / 31.5, 5.0, NCCL_HOP_LATENCY_US["pci"]),
+    Link("pcie5", "PCIe 5.0 x16", 63.0, 0.85, 0.85 * 10.0 / 25.7, 5.0, NCCL_HOP_LATENCY_US["pci"]),
     # NVLink per GPU, per direction = half the datasheet's bidirectional total: V100 300 GB/s, A100 600 GB/s,
     # H100 900 GB/s (datasheets above). Efficiency from nccl-tests all-reduce bus bandwidth on 8-GPU NVLink
     # nodes: A100 reports ~200-235 of 300 GB/s (https://github.com/NVIDIA/nccl-tests/issues/149,
     # https://github.com/NVIDIA/nccl-tests/issues/100). H100: NCCL's maintainer gives 370 of 450 GB/s as the
     # ring bus bandwidth on 8 GPUs (https://github.com/NVIDIA/nccl-tests/issues/212); the model is a ring, so
-    # NVLink SHARP (NVLS, ~480 GB/s busbw) is not modelled. V100 is taken as ~0.8 (assumption, same order).
-    # The 2 us per-step latency is an estimate of a peer-to-peer hop.
-    Link("nvlink2", "NVLink 2 (V100)", 150.0, 0.80, 0.80, 2.0),
-    Link("nvlink3", "NVLink 3 (A100)", 300.0, 0.77, 0.77, 2.0),
-    Link("nvlink4", "NVLink 4 (H100)", 450.0, 370 / 450, 370 / 450, 2.0),
+    # 370 GB/s is what every collective but the all-reduce reaches. The all-reduce uses NVLink SHARP (NVLS)
+    # on NVSwitch machines: the maintainer gives ~480 GB/s busbw on 8 GPUs in the same thread; nvls_busbw_gbps
+    # (the asymptote, reached above 4 GB of bus traffic) is fitted with the ramp above.
+    # V100 is taken as ~0.8 (assumption, same order). The 2 us latency_us is an estimate of one peer copy's
+    # fixed cost; collectives use NCCL's per-hop latency (hop_latency_us) instead.
+    Link("nvlink2", "NVLink 2 (V100)", 150.0, 0.80, 0.80, 2.0, NCCL_HOP_LATENCY_US["nvlink"]),
+    Link("nvlink3", "NVLink 3 (A100)", 300.0, 0.77, 0.77, 2.0, NCCL_HOP_LATENCY_US["nvlink"]),
+    Link("nvlink4", "NVLink 4 (H100)", 450.0, 370 / 450, 370 / 450, 2.0, NCCL_HOP_LATENCY_US["nvlink"],
+         _NVLINK4_NVLS_BUSBW_GBPS),
 ]
 
 GPUS: dict[str, GPU] = {g.key: g for g in _GPU_LIST}

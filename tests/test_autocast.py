@@ -257,8 +257,9 @@ def test_bf16_matmul_is_charged_at_the_bf16_tensor_core_rate():
         assert mm.name == mm32.name == "aten::mm" and y.dtype == torch.bfloat16
         bytes_bf16 = 3 * 8192 * 8192 * 2  # two bf16 inputs read, one bf16 output written
         assert mm.bytes == bytes_bf16 and mm32.bytes == 2 * bytes_bf16
-        assert mm.duration_ns == costs.kernel_ns(emu.gpu, mm.flops, bytes_bf16, torch.bfloat16, True, False)
-        assert mm32.duration_ns == costs.kernel_ns(emu.gpu, mm.flops, 2 * bytes_bf16, torch.float32, True, False)
+        shape = (1, 8192, 8192, 8192)
+        assert mm.duration_ns == costs.kernel_ns(emu.gpu, mm.flops, bytes_bf16, torch.bfloat16, True, False, shape)
+        assert mm32.duration_ns == costs.kernel_ns(emu.gpu, mm.flops, 2 * bytes_bf16, torch.float32, True, False, shape)
         assert mm.duration_ns * 10 < mm32.duration_ns  # 312 vs 19.5 TFLOP/s on an A100
         assert torch.cuda.memory_allocated() == 8192 * 8192 * (4 + 2 + 4)
         del fp32

@@ -29,10 +29,11 @@ def test_emulator_matches_published_measurements_it_was_not_fitted_to():
     s = fidelity.summary(rows)
     held_out = [r for r in rows if r.half == fidelity.HELD_OUT]
     worst = max(held_out, key=lambda r: abs(r.error_pct))
-    # Bound from issue 15's target for an unseen table (median <= 10%).
+    # Median: issue 15's target for an unseen table (<= 10%); measured 3.9%. Worst: measured 35.5% (the skinny
+    # 802816x192x768 GEMM, where real kernels do not overlap memory and compute as the roofline assumes).
     assert s["held_out_median"] <= 10, s
+    assert s["held_out_worst"] <= 40, f"{worst.what} on {worst.hardware}: {worst.error_pct:+.1f}%"
     # The points presets were fitted to before the split stay as good as they were.
     for row in rows:
         if row.fitted_before:
             assert abs(row.error_pct) <= 2, f"{row.what} on {row.hardware}: {row.error_pct:+.1f}%"
-    assert worst is not None
