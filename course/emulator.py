@@ -95,6 +95,7 @@ class Emulator:
         self._patch(torch.cuda.nccl, collectives.NCCL_PATCHES)
         self._patch(torch.distributed.distributed_c10d, nccl.C10D_PATCHES)
         self._patch(torch.distributed, nccl.DIST_PATCHES)
+        self._patch(torch.nn.parallel.DistributedDataParallel, nccl.DDP_PATCHES)
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
         # parallel_apply's worker threads must run inside the emulator too (modes are per thread).

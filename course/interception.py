@@ -121,32 +121,38 @@ def _parse_to(*args, **kwargs):
 def _to(self, *args, **kwargs):
     if args and isinstance(args[0], torch.Tensor):
         other = args[0]
-        device, dtype = other.device, other.dtype
+        device, dtype, memory_format = other.device, other.dtype, None
         non_blocking = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
-    elif args and isinstance(args[0], int) and not isinstance(args[0], bool):
-        device, dtype = args[0], (args[1] if len(args) > 1 else kwargs.get("dtype"))
-        non_blocking = kwargs.get("non_blocking", False)
     else:
-        device, dtype, non_blocking, _ = _parse_to(*args, **kwargs)
+        device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
     result = self
     if device is not None:
         result = move(result, parse_device(device), non_blocking)
     if dtype is not None and dtype != result.dtype:
         with torch._C.DisableTorchFunctionSubclass():
             result = torch.Tensor.to(result, dtype)
+    result = _in_memory_format(result, kwargs.get("memory_format", memory_format))
     if kwargs.get("copy") and result is self:
         result = self.clone()
     return result
 
 
+def _in_memory_format(tensor, memory_format):
+    """`.to(memory_format=torch.channels_last)` and friends: the layout asked for, as PyTorch gives it."""
+    if memory_format is None or memory_format is torch.preserve_format:
+        return tensor
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.contiguous(tensor, memory_format=memory_format)
+
+
 def _cuda(self, device=None, non_blocking=False, memory_format=None):
     emu = current_emulator(".cuda()")
     index = emu.current_device() if device is None else parse_device(device, emu)
-    return move(self, index, non_blocking)
+    return _in_memory_format(move(self, index, non_blocking), memory_format)
 
 
 def _cpu(self, memory_format=None):
-    return move(self, CPU)
+    return _in_memory_format(move(self, CPU), memory_format)
 
 
 def _copy_(self, src, non_blocking=False):

@@ -10,10 +10,13 @@ the timeline is the same in every run.
 from __future__ import annotations
 
 import datetime
+import functools
+import warnings
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+from torch.nn.parallel import DistributedDataParallel
 
 from course import costs
 from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
@@ -330,3 +333,20 @@ def _nccl_available() -> bool:
 C10D_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
                 "default_pg_nccl_timeout": datetime.timedelta(minutes=10)}
 DIST_PATCHES = {"is_nccl_available": _nccl_available}
+
+
+def _ddp_init(original):
+    """DDP without `gradient_as_bucket_view` on emulated GPUs: the reducer's buckets are plain CPU tensors to
+    Python (see devices.host_scratch_ready), so gradients that were views of them would read as CPU tensors.
+    The values are the same; the memory is one gradient copy more than on a GPU, and a warning says so."""
+    @functools.wraps(original)
+    def __init__(self, module, *args, **kwargs):
+        if kwargs.get("gradient_as_bucket_view") and any(isinstance(p, EmulatedTensor) for p in module.parameters()):
+            warnings.warn("The GPU emulator runs DDP with gradient_as_bucket_view=False: same gradients, but "
+                          "memory counts one extra copy of them.", stacklevel=2)
+            kwargs["gradient_as_bucket_view"] = False
+        original(self, module, *args, **kwargs)
+    return __init__
+
+
+DDP_PATCHES = {"__init__": _ddp_init(DistributedDataParallel.__init__)}
