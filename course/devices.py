@@ -10,6 +10,8 @@ import copy
 import sys
 
 import torch
+import torch.utils._foreach_utils
+from torch.optim import optimizer as _optimizer
 
 from course import costs, cuda_only_ops
 from course.memory import Block
@@ -128,6 +130,33 @@ class EmulatedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         emu = active if active is not None else current_emulator(str(func))
         return run_kernel(emu, func, args, kwargs or {})
+
+
+# On a GPU, optimizers and gradient clipping default to their foreach (multi-tensor) kernels; both check
+# the tensor's type, so EmulatedTensors go on PyTorch's lists to take the same path (and kernel count).
+for _supported in (_optimizer._foreach_supported_types,
+                   torch.utils._foreach_utils._foreach_supported_types):
+    if EmulatedTensor not in _supported:
+        _supported.append(EmulatedTensor)
+
+
+_group_by_cpp_device = torch._C._group_tensors_by_device_and_dtype
+
+
+def group_tensors_by_device_and_dtype(tensorlistlist, with_indices=False):
+    """PyTorch's grouping before foreach kernels, by the emulated device: C++ sees every EmulatedTensor as a
+    CPU tensor, so it would put cuda:0 and cuda:1 in one group and hand `clip_grad_norm_` a "cpu" key to
+    move its scale to (a copy and a host wait no GPU run has)."""
+    grouped = {}
+    for (device, dtype), (lists, indices) in _group_by_cpp_device(tensorlistlist, with_indices).items():
+        by_device: dict = {}
+        for position, tensor in enumerate(lists[0]):
+            by_device.setdefault(tensor.device, []).append(position)
+        for real_device, positions in by_device.items():
+            grouped[(real_device, dtype)] = (
+                [[tensors[p] for p in positions] if tensors else tensors for tensors in lists],
+                [indices[p] for p in positions] if indices else indices)
+    return grouped
 
 
 def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):

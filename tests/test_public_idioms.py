@@ -102,3 +102,28 @@ def test_sync_batchnorm_kernels_follow_batchnorm():
     grad_x = ops.batch_norm_backward_elemt(dy, x.detach(), mean, invstd, weight.detach(), sum_dy, sum_dy_xmu,
                                            torch.tensor([75, 75], dtype=torch.int32))
     torch.testing.assert_close((grad_x, grad_w, grad_b), (x.grad, weight.grad, bias.grad))
+
+
+def test_optimizers_take_the_foreach_path_per_gpu_as_on_cuda(emu):
+    """AdamW and clip_grad_norm_ use foreach kernels grouped per GPU, with no copy to the host."""
+    def train(first, second):
+        torch.manual_seed(0)
+        a, b = nn.Linear(8, 8).to(first), nn.Linear(8, 2).to(second)
+        params = [*a.parameters(), *b.parameters()]
+        opt = torch.optim.AdamW(params, lr=1e-2)
+        for step in range(3):
+            torch.manual_seed(step)
+            loss = b(a(torch.randn(4, 8).to(first)).relu().to(second)).pow(2).mean()
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, 0.1)
+            opt.step()
+            opt.zero_grad()
+        return [p.detach() for p in params]
+
+    expected = train("cpu", "cpu")
+    start = len(emu.trace)
+    got = train("cuda:0", "cuda:1")
+    names = [e.name for e in emu.trace[start:]]
+    torch.testing.assert_close([p.cpu() for p in got], expected)
+    assert "aten::_foreach_addcdiv_" in names and "aten::_foreach_norm" in names
+    assert not [n for n in names if n.startswith("copy cuda") and n.endswith("->cpu")], "no device-to-host copy"
