@@ -99,6 +99,15 @@ class EmulatedTensor(torch.Tensor):
         with torch._C.DisableTorchFunction():
             return _format(self)
 
+    def __format__(self, spec: str) -> str:
+        """`f"{loss:.2f}"` formats a 0-dim tensor's value (a copy to the host, as `.item()`), like CUDA tensors."""
+        if self.dim() == 0 and spec:
+            if self._inner.is_meta:
+                raise RuntimeError(f"Cannot format a shape-only tensor with {spec!r}: course.emulate(materialize="
+                                   "False) computes shapes, times and memory, not values.")
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
     def __deepcopy__(self, memo):
         """A clone on the same device (with its own memory), carrying over grad and user attributes."""
         if id(self) in memo:

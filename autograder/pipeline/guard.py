@@ -46,8 +46,13 @@ def _grader_guard():
     CACHES = {("course.devices", "_OP_INFO"), ("course.devices", "_FLOPS_BY_SHAPE")}
     MISSING = object()
     roots = {"builtins", "torch", "numpy", "course"}
+    # torch's own classes as imported, before anything ran: while the emulator runs, `torch.device` names its
+    # wrapper, but the devices it makes are still PyTorch's own class.
+    torch_classes = {id(v): v for v in vars(torch).values() if isinstance(v, type)}
 
     def trusted_type(t):
+        if torch_classes.get(id(t)) is t:
+            return True
         if t.__module__ == "builtins":
             return getattr(builtins, t.__qualname__, None) is t or t in (type(None), type(...), type(NotImplemented))
         mod = sys.modules.get(t.__module__)
