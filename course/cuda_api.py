@@ -1,16 +1,21 @@
 """The `torch.cuda` surface learners call (device count, streams, events, memory), answered by the emulator.
 
 `course.emulate` puts these in place of the real functions only while it is active. Anything in
-`torch.cuda` not listed here reaches `_lazy_init`, which then names the unsupported call instead of
-saying "Torch not compiled with CUDA enabled".
+`torch.cuda` not listed here reaches `_lazy_init` (or a missing `torch._C._cuda_*` binding, see
+`course/cuda_bindings.py`), which then names the unsupported call instead of saying "Torch not compiled
+with CUDA enabled". Random numbers are in `course/rng.py`.
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-from course.devices import current_emulator
+from course import cuda_bindings, rng
+from course.cuda_bindings import not_modelled
+from course.devices import CPU, current_emulator
 from course.memory import DeviceMemory
 
 
@@ -24,7 +29,10 @@ def _index(device=None) -> int:
     emu = _emu()
     if device is None or (isinstance(device, int) and device < 0):
         return emu.current_device()
-    return parse_device(device if not isinstance(device, Stream) else device.device, emu)
+    index = parse_device(device if not isinstance(device, Stream) else device.device, emu)
+    if index == CPU:  # PyTorch's torch.cuda._utils._get_device_index says the same
+        raise ValueError(f"Expected a cuda device, but got: {device}")
+    return index
 
 
 _CUDA = 1  # c10::DeviceType::CUDA, for torch.Stream
@@ -51,11 +59,15 @@ class Stream(torch._C.Stream):
 
     A `torch.Stream` underneath (stream id, device index, CUDA device type), so PyTorch calls that
     take a stream, such as `tensor.record_stream(s)`, accept it; every method is the emulator's.
+    Priorities are kept (clamped to the range PyTorch supports) but do not change the schedule.
     """
 
     def __new__(cls, device=None, priority=0, **kwargs):
         index = _index(device)
-        return cls._existing(index, _emu().new_stream_id(index))
+        stream = cls._existing(index, _emu().new_stream_id(index))
+        low, high = cls.priority_range()
+        stream._priority = min(max(priority, high), low)
+        return stream
 
     def __init__(self, device=None, priority=0, **kwargs):
         pass
@@ -63,6 +75,16 @@ class Stream(torch._C.Stream):
     @classmethod
     def _existing(cls, device_index: int, stream_id: int) -> "Stream":
         return torch._C.Stream.__new__(cls, stream_id=stream_id, device_index=device_index, device_type=_CUDA)
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest): CUDA gives (0, -5) on A100/H100 and PyTorch clamps it to the 4 priority
+        levels it compiles in (c10/cuda/CUDAStream.h, max_compile_time_stream_priorities), so (0, -3)."""
+        return 0, -3
+
+    @property
+    def priority(self) -> int:
+        return getattr(self, "_priority", 0)
 
     @property
     def _ready_ns(self) -> int:
@@ -97,8 +119,9 @@ class Stream(torch._C.Stream):
         _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
 
     def __enter__(self):
-        self._context = stream(self)
-        return self._context.__enter__()
+        self._context = torch.cuda.StreamContext(self)
+        self._context.__enter__()
+        return self
 
     def __exit__(self, *exc):
         self._context.__exit__(*exc)
@@ -107,22 +130,17 @@ class Stream(torch._C.Stream):
         return f"<torch.cuda.Stream device=cuda:{self.device_index} stream={self.stream_id}>"
 
 
-class stream:  # noqa: N801 - named as torch.cuda.stream
-    """`with torch.cuda.stream(s):` makes s the current stream of its device."""
+def set_stream(stream: Stream | None) -> None:
+    """Make `stream` current on its device and, as `torch._C._cuda_setStream` does, its device current.
 
-    def __init__(self, s: Stream | None):
-        self.stream = s
-
-    def __enter__(self):
-        if self.stream is not None:
-            emu = _emu()
-            self._previous = emu.current_stream_id(self.stream.device_index)
-            emu.set_current_stream(self.stream.device_index, self.stream.stream_id)
-        return self.stream
-
-    def __exit__(self, *exc):
-        if self.stream is not None:
-            _emu().set_current_stream(self.stream.device_index, self._previous)
+    PyTorch's own `torch.cuda.StreamContext` (what `with torch.cuda.stream(s):` makes) calls this, so the
+    block runs on s's device and both the device and the streams are restored after it.
+    """
+    if stream is None:
+        return
+    emu = _emu()
+    emu.set_current_device(stream.device_index)
+    emu.set_current_stream(stream.device_index, stream.stream_id)
 
 
 class device:  # noqa: N801 - named as torch.cuda.device
@@ -141,15 +159,32 @@ class device:  # noqa: N801 - named as torch.cuda.device
         _emu().set_current_device(self._previous)
 
 
-class Event:
-    """A marker in a stream; two of them time the GPU work between them, in simulated milliseconds."""
+class device_of(device):  # noqa: N801 - named as torch.cuda.device_of
+    """`with torch.cuda.device_of(x):` makes x's GPU current; a no-op for a CPU tensor."""
 
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+
+class Event:
+    """A marker in a stream; two of them time the GPU work between them, in simulated milliseconds.
+
+    As on CUDA, an event belongs to no device until first recorded (`device` is None), and after that
+    only streams of that device may record it.
+    """
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
         self.enable_timing = enable_timing
         self.time_ns: int | None = None
+        self.device: torch.device | None = None
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream or current_stream()
+        if self.device is None:
+            self.device = torch.device("cuda", stream.device_index)
+        elif self.device.index != stream.device_index:
+            raise RuntimeError(f"Event device {self.device} does not match recording stream's device "
+                               f"cuda:{stream.device_index}.")
         self.time_ns = max(_emu().clock.host_ns, stream._ready_ns)
 
     def wait(self, stream: Stream | None = None) -> None:
@@ -259,16 +294,77 @@ def empty_cache() -> None:
     """Nothing is cached: the emulator frees memory as soon as the last tensor using it dies."""
 
 
-def manual_seed(seed: int) -> None:
-    """Emulated GPUs draw their random numbers from the CPU generator, so seed that one."""
-    torch.random.default_generator.manual_seed(seed)
-
-
 def _lazy_init() -> None:
-    raise RuntimeError(
-        "This torch.cuda function is not modelled by the GPU emulator (course.emulate). It supports "
-        "devices, streams, events, synchronize and memory statistics; run this part on a real GPU."
-    )
+    """Where torch.cuda's own functions start; any that get here are not modelled, and are named."""
+    raise not_modelled(cuda_bindings.caller_in_torch(),
+                       "it models devices, streams, events, synchronize, memory statistics and random "
+                       "numbers; run this part on a real GPU")
+
+
+class _LegacyTensorMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Tensor) and obj.is_cuda and obj.dtype == cls.dtype
+
+
+def _legacy_tensor_type(name: str, dtype: torch.dtype):
+    """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2])`: the CPU constructor's tensor, on the
+    current GPU (a copy from the host, as the legacy constructor does for data)."""
+
+    def __new__(cls, *args, **kwargs):
+        return getattr(torch, name)(*args, **kwargs).cuda()
+
+    return _LegacyTensorMeta(name, (), {"__new__": __new__, "dtype": dtype, "is_cuda": True,
+                                        "__module__": "torch.cuda"})
+
+
+LEGACY_TENSOR_TYPES = {
+    name: _legacy_tensor_type(name, dtype) for name, dtype in [
+        ("FloatTensor", torch.float32), ("DoubleTensor", torch.float64), ("HalfTensor", torch.float16),
+        ("BFloat16Tensor", torch.bfloat16), ("ByteTensor", torch.uint8), ("CharTensor", torch.int8),
+        ("ShortTensor", torch.int16), ("IntTensor", torch.int32), ("LongTensor", torch.int64),
+        ("BoolTensor", torch.bool)]
+}
+
+
+class CUDAGraph:
+    """CUDA graphs capture and replay kernels; the emulator runs every kernel eagerly instead."""
+
+    def __new__(cls, *args, **kwargs):
+        raise not_modelled("torch.cuda.CUDAGraph (CUDA graphs)", "run eagerly, without graph capture")
+
+
+def _raw_allocator(name):
+    def refuse(*args, **kwargs):
+        raise not_modelled(f"torch.cuda.{name}", "there is no device memory to hand out; allocate tensors instead")
+    return refuse
+
+
+def _no_graphs(*args, **kwargs):
+    raise not_modelled("CUDA graphs (torch.cuda.graph, make_graphed_callables)", "run eagerly, without graph capture")
+
+
+_compile_warned = False
+
+
+def compile(model=None, **options):  # noqa: A001 - named as torch.compile
+    """`torch.compile` while emulating: the model or function runs eagerly, with a one-time warning.
+
+    Dynamo cannot trace emulated tensors. Eager numbers are the compiled numbers up to rounding; the
+    clock then times eager kernels, without fusion. A module comes back wrapped as PyTorch wraps it
+    (`OptimizedModule`, `_orig_mod`, "_orig_mod." state_dict keys), so checkpoint code runs unchanged.
+    """
+    global _compile_warned
+    if model is None:
+        return functools.partial(compile, **options)
+    if not _compile_warned:
+        _compile_warned = True
+        warnings.warn("torch.compile is not modelled by the GPU emulator (course.emulate): running eagerly, "
+                      "with the same numbers; simulated times are those of eager kernels.", stacklevel=2)
+    if isinstance(model, torch.nn.Module):
+        from torch._dynamo.eval_frame import DisableContext, OptimizedModule
+
+        return OptimizedModule(model, DisableContext())
+    return model
 
 
 PATCHES = {
@@ -284,10 +380,13 @@ PATCHES = {
     "is_bf16_supported": is_bf16_supported,
     "synchronize": synchronize,
     "Stream": Stream,
-    "stream": stream,
+    "set_stream": set_stream,
     "current_stream": current_stream,
     "default_stream": default_stream,
     "Event": Event,
+    "device_of": device_of,
+    "init": lambda: None,
+    "get_allocator_backend": lambda: "native",
     "memory_allocated": memory_allocated,
     "max_memory_allocated": max_memory_allocated,
     "memory_reserved": memory_allocated,
@@ -295,15 +394,21 @@ PATCHES = {
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "mem_get_info": mem_get_info,
     "empty_cache": empty_cache,
-    "manual_seed": manual_seed,
-    "manual_seed_all": manual_seed,
     "is_current_stream_capturing": lambda: False,
     "_lazy_init": _lazy_init,
+    "CUDAGraph": CUDAGraph,
+    "graph": _no_graphs,
+    "make_graphed_callables": _no_graphs,
+    "graph_pool_handle": _no_graphs,
+    "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
+    "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),
+    **LEGACY_TENSOR_TYPES,
 }
 
 TORCH_PATCHES = {  # the device-generic classes torch.nn.parallel and others call with a device index
     "Stream": Stream,
     "Event": AcceleratorEvent,
+    "compile": compile,
 }
 
 ACCELERATOR_PATCHES = {
@@ -316,3 +421,9 @@ ACCELERATOR_PATCHES = {
     "current_stream": current_stream,
     "device_index": device,
 }
+
+
+def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
+    """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
+    torch.cuda.random's own imports, torch.Generator."""
+    return cuda_bindings.PATCHES + rng.patches(num_gpus)

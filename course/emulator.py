@@ -90,6 +90,8 @@ class Emulator:
         self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
         self._patch(torch, cuda_api.TORCH_PATCHES)
         self._patch(torch._C, {"_group_tensors_by_device_and_dtype": devices.group_tensors_by_device_and_dtype})
+        for target, replacements in cuda_api.module_patches(self.num_gpus):  # torch._C, RNG, torch.cuda.memory
+            self._patch(target, replacements)
         self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.comm, collectives.COMM_PATCHES)

@@ -202,6 +202,16 @@ def _new_tensor(self, data, **kwargs):
         return torch.Tensor.new_tensor(self, data, **kwargs)
 
 
+def _new(self, *args, **kwargs):
+    """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device."""
+    device = kwargs.pop("device", None)
+    if device is None and isinstance(self, EmulatedTensor):
+        device = self.device
+    with torch._C.DisableTorchFunctionSubclass():
+        host = torch.Tensor.new(torch.empty(0, dtype=self.dtype), *args, **kwargs)
+    return host if device is None else move(host, parse_device(device))
+
+
 def _data_ptr(self):
     with torch._C.DisableTorchFunctionSubclass():
         return torch.Tensor.data_ptr(_unwrap(self))
@@ -234,6 +244,7 @@ _HANDLERS = {
     torch.Tensor.numpy: _numpy,
     torch.Tensor.tolist: _tolist,
     torch.Tensor.new_tensor: _new_tensor,
+    torch.Tensor.new: _new,
     torch.Tensor.data_ptr: _data_ptr,
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,

@@ -211,8 +211,8 @@ def test_steps_aside_when_torch_sees_real_gpus(monkeypatch):
 
 
 def test_unsupported_torch_cuda_calls_name_the_emulator(emu):
-    with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
-        torch.cuda.get_rng_state()
+    with pytest.raises(RuntimeError, match="torch.cuda.ipc_collect is not modelled by the GPU emulator"):
+        torch.cuda.ipc_collect()
 
 
 def test_seed_000_sharded_matmul_runs_unchanged():

@@ -1,0 +1,302 @@
+"""The wider `torch.cuda` surface public scripts call, under the emulator: memory statistics and summary,
+stream contexts, RNG state, legacy constructors, allocator settings, and clear errors for what is not
+modelled (CUDA graphs, memory history) or runs eagerly (torch.compile)."""
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import course
+from course import cuda_api
+
+
+@pytest.fixture
+def emu():
+    with course.emulate(gpus=4) as emulator:
+        yield emulator
+
+
+# -- memory statistics -------------------------------------------------------------------------------
+def test_memory_stats_count_the_bytes_of_the_tensors_made(emu):
+    before = torch.cuda.memory_stats(1)
+    a = torch.empty(1000, device="cuda:1")          # 4000 bytes -> 4096, small pool
+    b = torch.empty(2**19, device="cuda:1")          # 2 MiB, large pool
+    stats = torch.cuda.memory_stats(1)
+    grew = stats["allocated_bytes.all.current"] - before["allocated_bytes.all.current"]
+    assert grew == 4096 + 2**21 == torch.cuda.memory_allocated(1) - before["allocated_bytes.all.current"]
+    assert stats["allocated_bytes.large_pool.current"] - before["allocated_bytes.large_pool.current"] == 2**21
+    assert stats["requested_bytes.all.current"] - before["requested_bytes.all.current"] == 4000 + 2**21
+    assert stats["allocation.all.current"] - before["allocation.all.current"] == 2
+    assert stats["reserved_bytes.all.current"] == stats["allocated_bytes.all.current"]  # nothing cached
+    assert stats["num_ooms"] == stats["num_alloc_retries"] == 0
+    # every key torch.cuda.memory_summary reads is there
+    for metric in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes", "inactive_split_bytes",
+                   "allocation", "active", "segment", "inactive_split"):
+        for pool in ("all", "large_pool", "small_pool"):
+            for kind in ("current", "peak", "allocated", "freed"):
+                assert isinstance(stats[f"{metric}.{pool}.{kind}"], int)
+    del a, b
+    after = torch.cuda.memory_stats(1)
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocated_bytes.all.freed"] - before["allocated_bytes.all.freed"] == 4096 + 2**21
+    assert after["allocated_bytes.all.peak"] >= before["allocated_bytes.all.current"] + 4096 + 2**21
+    assert torch.cuda.memory_stats(2)["allocated_bytes.all.current"] == 0  # other GPUs untouched
+
+
+def test_memory_summary_prints_the_allocated_figure(emu):
+    x = torch.empty(3 * 2**20, dtype=torch.uint8, device="cuda:2")  # 3 MiB
+    summary = torch.cuda.memory_summary(device=2)
+    assert "PyTorch CUDA memory summary, device ID 2" in summary
+    allocated_line = next(line for line in summary.splitlines() if line.startswith("| Allocated memory"))
+    assert "3072 KiB" in allocated_line
+    assert "CUDA OOMs: 0" in summary
+    del x
+
+
+def test_peaks_and_accumulated_stats_reset(emu):
+    x = torch.empty(2**20, device="cuda:0")
+    del x
+    assert torch.cuda.max_memory_allocated(0) >= 4 * 2**20
+    with pytest.warns(FutureWarning):
+        torch.cuda.reset_max_memory_allocated(0)
+    assert torch.cuda.max_memory_allocated(0) == torch.cuda.memory_allocated(0)
+    torch.cuda.reset_accumulated_memory_stats(0)
+    stats = torch.cuda.memory_stats(0)
+    assert stats["allocated_bytes.all.allocated"] == stats["allocated_bytes.all.freed"] == 0
+
+
+def test_memory_fraction_limits_allocations_and_counts_the_oom(emu):
+    capacity = torch.cuda.get_device_properties(3).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.25, device=3)
+    assert torch.cuda.get_per_process_memory_fraction(3) == 0.25
+    with pytest.raises(TypeError, match="Invalid type for fraction"):  # PyTorch's own check
+        torch.cuda.set_per_process_memory_fraction(1, device=3)
+    big = torch.empty(int(capacity * 0.2), dtype=torch.uint8, device="cuda:3")
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="allowed;"):
+        torch.empty(int(capacity * 0.1), dtype=torch.uint8, device="cuda:3")
+    assert torch.cuda.memory_stats(3)["num_ooms"] == 1
+    torch.empty(int(capacity * 0.1), dtype=torch.uint8, device="cuda:2")  # other GPUs keep their whole memory
+    del big
+
+
+def test_memory_snapshot_lists_live_blocks(emu):
+    x = torch.empty(256, device="cuda:1")
+    segments = torch.cuda.memory_snapshot()
+    mine = [s for s in segments if s["device"] == 1 and s["requested_size"] == 1024]
+    assert mine and mine[0]["total_size"] == 1024 and mine[0]["blocks"][0]["state"] == "active_allocated"
+    assert torch.cuda.get_allocator_backend() == "native"
+    torch.cuda.empty_cache()
+    torch.cuda.memory.empty_cache()
+    del x
+
+
+def test_unmodelled_allocator_calls_name_themselves(emu):
+    with pytest.raises(RuntimeError, match=r"torch.cuda.memory._record_memory_history .*not modelled by the GPU emulator"):
+        torch.cuda.memory._record_memory_history()
+    with pytest.raises(RuntimeError, match=r"torch.cuda.memory.host_memory_stats .*not modelled"):
+        torch.cuda.host_memory_stats()
+    with pytest.raises(RuntimeError, match="torch.cuda.caching_allocator_alloc is not modelled"):
+        torch.cuda.caching_allocator_alloc(1024)
+    assert not hasattr(torch._C, "_cuda_getDeviceCount")  # hasattr probes still see a CPU build
+    assert not torch.cuda._is_compiled()
+
+
+# -- streams, events, devices ------------------------------------------------------------------------
+def test_stream_context_switches_to_the_streams_device_and_back(emu):
+    s = torch.cuda.Stream(device=2)
+    with torch.cuda.stream(s):
+        assert torch.cuda.current_device() == 2
+        assert torch.cuda.current_stream() == s
+        y = torch.ones(2, device="cuda")
+    assert y.device == torch.device("cuda", 2)
+    assert torch.cuda.current_device() == 0
+    assert torch.cuda.current_stream(2) == torch.cuda.default_stream(2)
+    with torch.cuda.StreamContext(s):
+        assert torch.cuda.current_device() == 2
+    with s:
+        assert torch.cuda.current_device() == 2
+    assert torch.cuda.current_device() == 0
+    with torch.cuda.stream(None):
+        assert torch.cuda.current_device() == 0
+
+
+def test_set_stream_device_of_and_events(emu):
+    s = torch.cuda.Stream(device=1)
+    torch.cuda.set_stream(s)
+    assert torch.cuda.current_device() == 1 and torch.cuda.current_stream() == s
+    torch.cuda.set_device(0)
+    x = torch.ones(2, device="cuda:3")
+    with torch.cuda.device_of(x):
+        assert torch.cuda.current_device() == 3
+    with torch.cuda.device_of(torch.ones(2)):
+        assert torch.cuda.current_device() == 0
+    event = torch.cuda.Event()
+    assert event.device is None  # created lazily, on first record, as on CUDA
+    event.record(s)
+    assert event.device == torch.device("cuda", 1)
+    with pytest.raises(RuntimeError, match="does not match recording stream's device"):
+        event.record(torch.cuda.current_stream(0))
+    assert torch.cuda.Stream.priority_range() == (0, -3)
+    assert torch.cuda.Stream(priority=-10).priority == -3
+    with pytest.raises(ValueError, match="Expected a cuda device, but got: cpu"):
+        torch.cuda.synchronize("cpu")
+
+
+# -- tensors -------------------------------------------------------------------------------------------
+def test_new_and_legacy_constructors_land_on_the_gpu(emu):
+    x = torch.ones(3, device="cuda:1", dtype=torch.float64)
+    made = x.new([1.0, 2.0])
+    assert made.device == torch.device("cuda", 1) and made.dtype == torch.float64
+    torch.testing.assert_close(made.cpu(), torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert x.new(2, 3).shape == (2, 3) and x.new(2, 3).device == x.device
+    assert x.new_tensor([1]).device == x.device and x.new_zeros(2).device == x.device
+    assert torch.ones(2).new([1.0]).device.type == "cpu"
+    torch.cuda.set_device(2)
+    floats = torch.cuda.FloatTensor(4)
+    assert floats.device == torch.device("cuda", 2) and floats.dtype == torch.float32 and floats.shape == (4,)
+    longs = torch.cuda.LongTensor([1, 2])
+    assert longs.dtype == torch.int64 and longs.cpu().tolist() == [1, 2]
+    assert isinstance(longs, torch.cuda.LongTensor) and not isinstance(longs, torch.cuda.FloatTensor)
+    assert not isinstance(torch.tensor([1, 2]), torch.cuda.LongTensor)
+
+
+# -- random numbers ------------------------------------------------------------------------------------
+def test_rng_state_round_trips_and_equals_plain_cpu_torch(emu):
+    torch.manual_seed(0)
+    expected = torch.randn(5)                       # plain CPU torch, the same seed
+    torch.manual_seed(0)
+    state = torch.cuda.get_rng_state()
+    first = torch.randn(5, device="cuda")
+    torch.testing.assert_close(first.cpu(), expected)
+    torch.cuda.set_rng_state(state)
+    torch.testing.assert_close(torch.randn(5, device="cuda").cpu(), expected)
+    states = torch.cuda.get_rng_state_all()
+    assert len(states) == 4 and all(torch.equal(s, states[0]) for s in states)
+    again = torch.randn(3, device="cuda:2")
+    torch.cuda.set_rng_state_all(states)
+    torch.testing.assert_close(torch.randn(3, device="cuda:2"), again)
+    with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
+        torch.cuda.set_rng_state(torch.zeros(16, dtype=torch.uint8))  # a real GPU's Philox seed + offset
+
+
+def test_fork_rng_restores_the_generator(emu):
+    torch.manual_seed(3)
+    expected = torch.randn(4)
+    torch.manual_seed(3)
+    with torch.random.fork_rng(devices=[0]):
+        torch.randn(100, device="cuda:0")
+        nn.functional.dropout(torch.ones(10, device="cuda:0"), 0.5)
+    torch.testing.assert_close(torch.randn(4, device="cuda:0").cpu(), expected)
+
+
+def test_seeding_functions(emu):
+    torch.cuda.manual_seed(7)
+    assert torch.cuda.initial_seed() == 7
+    a = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed_all(7)
+    torch.testing.assert_close(torch.rand(3, device="cuda"), a)
+    torch.cuda.seed()  # a fresh random seed, as torch.seed() draws it
+    torch.cuda.seed_all()
+    assert torch.cuda.initial_seed() == torch.initial_seed()  # one generator: the CPU's (course/rng.py)
+    assert len(torch.cuda.default_generators) == 4
+
+
+def test_cuda_generator(emu):
+    g = torch.Generator(device="cuda")
+    assert g.device == torch.device("cuda", 0) and isinstance(g, torch.Generator)
+    assert torch.Generator("cuda:3").device == torch.device("cuda", 3)
+    assert torch.Generator().device.type == "cpu" and isinstance(torch.Generator(), torch.Generator)
+    g.manual_seed(11)
+    drawn = torch.randn(4, device="cuda", generator=g)
+    assert drawn.device == torch.device("cuda", 0)
+    torch.testing.assert_close(drawn.cpu(), torch.randn(4, generator=torch.Generator().manual_seed(11)))
+    state = g.get_state()
+    first = torch.rand(2, device="cuda", generator=g)
+    g.set_state(state)
+    torch.testing.assert_close(torch.rand(2, device="cuda", generator=g), first)
+    copied = pickle.loads(pickle.dumps(g))
+    assert copied.device == g.device and torch.equal(copied.get_state(), g.get_state())
+
+
+def test_generator_and_seeds_are_restored_after_the_emulator():
+    with course.emulate(gpus=2):
+        pass
+    assert torch.Generator is cuda_api.rng.RealGenerator
+    assert torch.cuda.default_generators == ()
+    assert not hasattr(torch._C, "__getattr__")
+
+
+# -- what is not modelled ------------------------------------------------------------------------------
+def test_cuda_graphs_say_they_are_not_modelled(emu):
+    with pytest.raises(RuntimeError, match="CUDA graphs.*not modelled by the GPU emulator.*run eagerly"):
+        torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
+        torch.cuda.make_graphed_callables(nn.Linear(2, 2), (torch.ones(1, 2),))
+
+
+def test_torch_compile_runs_eagerly_with_the_same_numbers(emu, monkeypatch):
+    monkeypatch.setattr(cuda_api, "_compile_warned", False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+    gpu_model = model.to("cuda:1")
+    with pytest.warns(UserWarning, match="torch.compile is not modelled by the GPU emulator"):
+        compiled = torch.compile(gpu_model, mode="max-autotune")
+    out = compiled(x.to("cuda:1"))
+    torch.testing.assert_close(out.cpu(), expected)
+    out.sum().backward()
+    assert gpu_model[0].weight.grad.device == torch.device("cuda", 1)
+    assert compiled._orig_mod is gpu_model
+    assert list(compiled.state_dict())[0] == "_orig_mod.0.weight"  # as a compiled module saves on CUDA
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+
+        @torch.compile(fullgraph=True)
+        def double(t):
+            return t * 2
+
+        assert double(torch.ones(2, device="cuda")).cpu().tolist() == [2.0, 2.0]
+
+
+def test_a_training_step_with_a_checkpointed_rng_state_matches_cpu(emu):
+    """Save model and CUDA RNG state mid-run, continue, reload, continue again: the same losses."""
+    def losses(device, restore):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.3), nn.Linear(6, 1)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        saved, out = None, []
+        for step in range(4):
+            if step == 2:
+                buffer = io.BytesIO()
+                rng = torch.cuda.get_rng_state() if device != "cpu" else torch.get_rng_state()
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng}, buffer)
+                saved = buffer.getvalue()
+            x = torch.randn(5, 6, device=device)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        if restore:
+            checkpoint = torch.load(io.BytesIO(saved), weights_only=True)
+            model.load_state_dict(checkpoint["model"])
+            opt.load_state_dict(checkpoint["opt"])
+            (torch.cuda.set_rng_state if device != "cpu" else torch.set_rng_state)(checkpoint["rng"].cpu())
+            for _ in range(2):
+                loss = model(torch.randn(5, 6, device=device)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                out.append(loss.item())
+        return out
+
+    emulated = losses("cuda:1", restore=True)
+    assert emulated[2:4] == emulated[4:6]
+    assert emulated == pytest.approx(losses("cpu", restore=True), rel=1e-6)
