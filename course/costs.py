@@ -9,7 +9,7 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NCCL_CALL_US,
+from course.hardware import (GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NCCL_CALL_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link)
 
 aten = torch.ops.aten
@@ -91,10 +91,14 @@ def gemm_shape_efficiency(gpu: GPU, batch: int, m: int, n: int, k: int) -> float
 
     For each tile (tm x tn, relative speed s) the output needs batch * ceil(m/tm) * ceil(n/tn) tiles, run in
     ceil(tiles / SMs) waves; the useful fraction is batch*m*n / (waves * SMs * tm*tn), times s, times
-    k / (k + fixed cost of a tile). The best tile wins, as cuBLAS's heuristics pick one.
+    k / (k + fixed cost of a tile). The best tile wins, as cuBLAS's heuristics pick one. A skinny GEMM (fewer
+    than GEMM_SKINNY_BELOW rows or columns) runs narrow tiles split along k instead (see course/hardware.py).
     """
     if min(batch, m, n, k) <= 0:
         return 1.0
+    narrow = min(m, n)
+    if narrow < GEMM_SKINNY_BELOW:  # narrow tiles with split-K: padding to the MMA's rows, no partial waves
+        return GEMM_SKINNY_SPEED * narrow / (-(-narrow // GEMM_MMA_ROWS) * GEMM_MMA_ROWS)
     sms = gpu.multi_processor_count
     best = 0.0
     for tm, tn, speed in GEMM_TILES:
@@ -137,26 +141,32 @@ def device_copy_ns(gpu: GPU, nbytes: int) -> int:
                      + 2 * nbytes / (gpu.memory_bandwidth_gbps * gpu.memory_efficiency))
 
 
+def bus_bandwidth_gbps(link: Link, bus_bytes: float, all_reduce: bool = False) -> float:
+    """The bus bandwidth (GB/s, as nccl-tests reports it) one collective reaches with `bus_bytes` of bus traffic.
+
+    busbw(x) = busbw_max * min(1, (x / (busbw_max * NCCL_RAMP_FULL_S)) ** NCCL_RAMP_EXPONENT): small messages
+    do not fill NCCL's pipeline. busbw_max is bandwidth * efficiency on a ring, or nvls_busbw_gbps for an
+    all-reduce on an NVSwitch link with NVLink SHARP (the switch reduces).
+    """
+    busbw = link.bandwidth_gbps * link.efficiency
+    if all_reduce and link.nvls_busbw_gbps:
+        busbw = link.nvls_busbw_gbps
+    full = busbw * 1e9 * NCCL_RAMP_FULL_S
+    return busbw * (min(1.0, (bus_bytes / full) ** NCCL_RAMP_EXPONENT) if bus_bytes > 0 else 1.0)
+
+
 def collective_ns(link: Link, nbytes: int, num_gpus: int, steps: int, bus_bytes: float,
                   all_reduce: bool = False) -> int:
     """NCCL-like time of one collective call.
 
-    time = NCCL_CALL_US + hops * hop_latency_us + bus_bytes / busbw(bus_bytes), where bus_bytes is what
-    nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives), and
-    busbw(x) = busbw_max * min(1, (x / (busbw_max * NCCL_RAMP_FULL_S)) ** NCCL_RAMP_EXPONENT): small
-    messages do not fill NCCL's pipeline. busbw_max is bandwidth * efficiency on a ring; an all-reduce on an
-    NVSwitch link with NVLink SHARP (nvls_busbw_gbps) reduces in the switch: more bus bandwidth, and two
-    hops (up to the switch and back) instead of 2(n-1).
+    time = NCCL_CALL_US + hops * hop_latency_us + bus_bytes / bus_bandwidth_gbps(bus_bytes), where bus_bytes is
+    what nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives). An
+    all-reduce with NVLink SHARP takes two hops (up to the switch and back) instead of 2(n-1).
     """
     if num_gpus == 1:
         return 0
-    busbw = link.bandwidth_gbps * link.efficiency * 1e9
-    hops = steps
-    if all_reduce and link.nvls_busbw_gbps:
-        busbw, hops = link.nvls_busbw_gbps * 1e9, 2
-    full = busbw * NCCL_RAMP_FULL_S
-    ramp = min(1.0, (bus_bytes / full) ** NCCL_RAMP_EXPONENT) if bus_bytes > 0 else 1.0
-    seconds = bus_bytes / (busbw * ramp) if bus_bytes > 0 else 0.0
+    hops = 2 if all_reduce and link.nvls_busbw_gbps else steps
+    seconds = bus_bytes / (bus_bandwidth_gbps(link, bus_bytes, all_reduce) * 1e9) if bus_bytes > 0 else 0.0
     return math.ceil((NCCL_CALL_US + hops * link.hop_latency_us) * 1000 + seconds * 1e9)
 
 

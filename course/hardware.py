@@ -39,6 +39,17 @@ _H100_MEMORY_EFFICIENCY = 3.0 / 3.35
 GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), (128, 128, 0.8),
               (128, 64, 0.8), (64, 128, 0.8), (64, 64, 0.8))
 GEMM_TILE_K_OVERHEAD = 0
+# Skinny GEMMs (fewer than 64 rows or columns: decode steps, small micro-batches) do not use those tiles:
+# cuBLAS has narrow-tile and split-K kernels for them (split-K cuts k into slices so that a handful of output
+# tiles still fills every SM: https://github.com/NVIDIA/cutlass/blob/main/media/docs/efficient_gemm.md,
+# "Parallelized Reductions"), so there is no wave quantization, and the narrow side is padded only to the
+# 16 rows of a tensor-core MMA (mma.sync m16n8k16, PTX ISA "Warp-level matrix multiply-accumulate
+# instructions", https://docs.nvidia.com/cuda/parallel-thread-execution/). Speed as the small tiles above
+# (0.8). An assumption checked only in that such GEMMs come out memory-bound, as published decode
+# measurements are (benchmarks/fidelity.py has no skinny row below 64 to fit on).
+GEMM_SKINNY_BELOW = 64
+GEMM_MMA_ROWS = 16
+GEMM_SKINNY_SPEED = 0.8
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,21 @@ def test_gemm_shape_efficiency_quantizes_waves_and_tiles():
     assert flops_1k / ns_1k < 0.7 * flops_8k / ns_8k  # 1024^3 is not predicted at the large-GEMM rate
 
 
+def test_skinny_gemms_are_memory_bound_and_grow_with_their_rows():
+    """Decode-like and small micro-batch GEMMs run split-K narrow tiles: no partial waves, padding to 16 rows."""
+    a100 = hardware.gpu("A100-80GB")
+
+    def ms(rows):
+        flops, nbytes = 2 * rows * 8192 * 8192, 2 * (2 * rows * 8192 + 8192 * 8192)
+        return costs.kernel_ns(a100, flops, nbytes, torch.bfloat16, True, False, (1, rows, 8192, 8192)) / 1e6
+
+    memory_ms = 2 * 8192 * 8192 / (a100.memory_bandwidth_gbps * 1e9 * a100.memory_efficiency) * 1e3
+    assert ms(1) == pytest.approx(memory_ms + a100.kernel_min_us / 1e3, rel=0.01)
+    times = [ms(rows) for rows in range(1, 64)]
+    assert times == sorted(times)
+    assert costs.gemm_shape_efficiency(a100, 1, 8, 8192, 8192) == pytest.approx(0.8 * 8 / 16)
+
+
 def test_gemm_shape_of_aten_matmuls():
     a, b = torch.empty(3, 5, device="meta"), torch.empty(5, 7, device="meta")
     aten = torch.ops.aten
