@@ -78,6 +78,8 @@ Generator.__module__, Generator.__qualname__ = "torch", "Generator"
 
 
 def _checked(state: torch.Tensor) -> torch.Tensor:
+    if state.device.type != "cpu":  # an emulated tensor would pass PyTorch's own check, which sees a CPU tensor
+        raise TypeError("RNG state must be a torch.ByteTensor")
     expected = torch.default_generator.get_state().numel()
     if state.numel() != expected:
         raise RuntimeError(
@@ -94,6 +96,16 @@ _torch_set_rng_state = torch.cuda.random.set_rng_state
 def set_rng_state(new_state: torch.Tensor, device="cuda") -> None:
     """PyTorch's `torch.cuda.set_rng_state`, after checking the state is one this model can take."""
     _torch_set_rng_state(_checked(new_state), device)
+
+
+_torch_cpu_set_rng_state = torch.random.set_rng_state
+
+
+def cpu_set_rng_state(new_state: torch.Tensor) -> None:
+    """`torch.set_rng_state`, refusing a state on an emulated GPU as it refuses one on a real GPU."""
+    if new_state.device.type != "cpu":
+        raise TypeError("RNG state must be a torch.ByteTensor")
+    _torch_cpu_set_rng_state(new_state)
 
 
 def _emu():
@@ -115,4 +127,5 @@ def patches(num_gpus: int) -> list[tuple[object, dict]]:
     return [(torch.cuda.random, RANDOM_MODULE_PATCHES),
             (torch.cuda, {"default_generators": (torch.default_generator,) * num_gpus,
                           "set_rng_state": set_rng_state}),
-            (torch, {"Generator": Generator})]
+            (torch.random, {"set_rng_state": cpu_set_rng_state}),
+            (torch, {"Generator": Generator, "set_rng_state": cpu_set_rng_state})]

@@ -182,6 +182,10 @@ def test_rng_state_round_trips_and_equals_plain_cpu_torch(emu):
     torch.testing.assert_close(torch.randn(3, device="cuda:2"), again)
     with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
         torch.cuda.set_rng_state(torch.zeros(16, dtype=torch.uint8))  # a real GPU's Philox seed + offset
+    with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):  # as on CUDA: states live on the host
+        torch.set_rng_state(state.to("cuda:1"))
+    with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+        torch.cuda.set_rng_state(state.cuda())
 
 
 def test_fork_rng_restores_the_generator(emu):
