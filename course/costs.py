@@ -9,7 +9,7 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NCCL_CALL_US,
+from course.hardware import (GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NCCL_CALL_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link)
 
 aten = torch.ops.aten
@@ -91,8 +91,10 @@ def gemm_shape_efficiency(gpu: GPU, batch: int, m: int, n: int, k: int) -> float
 
     For each tile (tm x tn, relative speed s) the output needs batch * ceil(m/tm) * ceil(n/tn) tiles, run in
     ceil(tiles / SMs) waves; the useful fraction is batch*m*n / (waves * SMs * tm*tn), times s, times
-    k / (k + fixed cost of a tile). The best tile wins, as cuBLAS's heuristics pick one. A skinny GEMM (fewer
-    than GEMM_SKINNY_BELOW rows or columns) runs narrow tiles split along k instead (see course/hardware.py).
+    k / (k + fixed cost of a tile). When the tiles do not fill one wave and k is long, k is split into slices
+    of at least GEMM_SPLIT_K_MIN (split-K), each slice a block of its own. The best choice wins, as cuBLAS's
+    heuristics pick one. A skinny GEMM (fewer than GEMM_SKINNY_BELOW rows or columns) runs narrow tiles split
+    along k (see course/hardware.py).
     """
     if min(batch, m, n, k) <= 0:
         return 1.0
@@ -103,8 +105,9 @@ def gemm_shape_efficiency(gpu: GPU, batch: int, m: int, n: int, k: int) -> float
     best = 0.0
     for tm, tn, speed in GEMM_TILES:
         tiles = batch * -(-m // tm) * -(-n // tn)
-        waves = -(-tiles // sms)
-        best = max(best, speed * batch * m * n / (waves * sms * tm * tn))
+        splits = range(1, max(1, k // GEMM_SPLIT_K_MIN) + 1) if tiles < sms else (1,)
+        fill = max(tiles * s / (-(-(tiles * s) // sms) * sms) for s in splits)  # busy fraction of the waves
+        best = max(best, speed * fill * m * n / (-(-m // tm) * tm * -(-n // tn) * tn))
     return best * k / (k + GEMM_TILE_K_OVERHEAD)
 
 

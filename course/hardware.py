@@ -48,6 +48,10 @@ GEMM_TILE_K_OVERHEAD = 0
 # (0.8). An assumption checked only in that such GEMMs come out memory-bound, as published decode
 # measurements are (benchmarks/fidelity.py has no skinny row below 64 to fit on).
 GEMM_SKINNY_BELOW = 64
+# Split-K for shapes whose output tiles do not fill one wave (same CUTLASS reference): each slice keeps at
+# least this much of k, so the partial sums it writes and reduces stay small next to its work (assumption; it
+# leaves every fitted row of benchmarks/fidelity.py as it was: none has k >= 2048 and fewer tiles than SMs).
+GEMM_SPLIT_K_MIN = 1024
 GEMM_MMA_ROWS = 16
 GEMM_SKINNY_SPEED = 0.8
 

@@ -199,7 +199,7 @@ def test_gemm_shape_efficiency_quantizes_waves_and_tiles():
     large = costs.gemm_shape_efficiency(a100, 1, 6912, 16384, 2048)  # whole waves of 256x128 tiles
     assert large == pytest.approx(1.0)
     assert costs.gemm_shape_efficiency(a100, 1, 1024, 1024, 1024) < 0.8 * large  # fewer tiles than SMs
-    assert costs.gemm_shape_efficiency(a100, 1, 4096, 100, 4096) < 0.5 * large  # a skinny output
+    assert costs.gemm_shape_efficiency(a100, 1, 4096, 100, 4096) <= 0.8 * 100 / 128  # 100 columns in 128-wide tiles
     assert costs.gemm_shape_efficiency(a100, 8, 1024, 1024, 1024) > costs.gemm_shape_efficiency(a100, 1, 1024, 1024, 1024)
     flops_1k, ns_1k = mm_cost_ns(a100, 1024)
     flops_8k, ns_8k = mm_cost_ns(a100, 8192)
@@ -219,6 +219,15 @@ def test_skinny_gemms_are_memory_bound_and_grow_with_their_rows():
     times = [ms(rows) for rows in range(1, 64)]
     assert times == sorted(times)
     assert costs.gemm_shape_efficiency(a100, 1, 8, 8192, 8192) == pytest.approx(0.8 * 8 / 16)
+
+
+def test_split_k_fills_the_gpu_when_few_tiles_have_a_long_k():
+    a100 = hardware.gpu("A100-80GB")
+    long_k = costs.gemm_shape_efficiency(a100, 1, 128, 8192, 8192)  # 32 tiles of 128x256 on 108 SMs, k split
+    short_k = costs.gemm_shape_efficiency(a100, 1, 128, 8192, 1024)  # too short to split: one partial wave
+    assert long_k > 0.85 and short_k < 0.7
+    assert abs(costs.gemm_shape_efficiency(a100, 1, 64, 8192, 8192)
+               - costs.gemm_shape_efficiency(a100, 1, 63, 8192, 8192)) < 0.05  # no cliff at the skinny threshold
 
 
 def test_gemm_shape_of_aten_matmuls():
