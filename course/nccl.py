@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import sys
 import warnings
 
 import torch
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course import costs
+from course import backward_hooks, costs, fsdp2, functional_collectives
 from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
 
 _TIME = torch.int64
@@ -118,6 +119,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         self._streams: dict[int, int] = {}
         self._device: int | None = None  # the rank's GPU, learnt from the first tensors it sends
         self._sent_clock = torch.zeros(1, dtype=_TIME)
+        _install_sharded_support(self._emu)
 
     # -- what torch.distributed asks of a backend ----------------------------------------------------
     def getBackendName(self) -> str:
@@ -129,9 +131,48 @@ class EmulatedNCCL(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<EmulatedNCCL rank {self.rank()} of {self.size()} on emulated cuda:{self._device}>"
 
+    # -- the per-device Backend torch asks for -------------------------------------------------------
+    # A C++ process group keeps one Backend per device type; this group is its own backend for every
+    # device. `init_process_group(device_id=...)`, FSDP2's buffer allocation and batch_isend_irecv ask
+    # it what it supports: no communicator splitting (new groups are made afresh), no coalescing
+    # manager (each collective runs on its own), no special tensor allocator. torch sets `bound_device_id` on
+    # the group it replaces by this one, so it stays unset here: DeviceMesh then makes its sub-groups with
+    # new_group, which works, instead of splitting a communicator.
+    supports_splitting = supports_coalescing = supports_time_estimate = False
+
+    def _get_backend(self, device):
+        return self
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    def eager_connect_single_device(self, device) -> None:
+        """NCCL connects its communicator early when given a device_id; the gloo group is connected."""
+
+    # C++ ProcessGroup keeps its name and description in its backends, and a Python group has none
+    # registered ("ProcessGroup name not set" from DeviceMesh, functional collectives, FSDP2): keep them here.
+    _name = _desc = ""
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        _install_sharded_support(self._emu)
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    group_name = property(getGroupName)
+    group_desc = property(getGroupDesc)
+
     # -- timing ----------------------------------------------------------------------------------
     def _lane(self, tensors) -> tuple[int, int]:
         """The rank's GPU (from its tensors, else the last one it used) and NCCL's stream on it."""
+        _install_sharded_support(self._emu)
         gpus = [t._device_index for t in tensors if isinstance(t, EmulatedTensor) and t._device_index != CPU]
         if gpus:
             self._device = gpus[0]
@@ -322,6 +363,20 @@ class EmulatedNCCL(dist.ProcessGroup):
         raise NotImplementedError(
             "recv from any source is not modelled by the GPU emulator (NCCL does not support it either); "
             "name the sending rank: dist.recv(tensor, src=...).")
+
+
+def _install_sharded_support(emu) -> None:
+    """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
+    needs) and funcol's wrapper, in place once their torch modules are imported.
+
+    Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
+    of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
+    calls this cheap check: the first call after the import puts the handling in place.
+    """
+    if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
+        for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
+            emu._patch(target, replacements)  # undone when the emulator stops
+    functional_collectives.register()
 
 
 def _nccl_available() -> bool:

@@ -1,0 +1,138 @@
+"""FSDP2, DTensor and functional collectives on emulated GPUs with init_process_group("nccl"): the fixes in
+course/nccl.py, course/functional_collectives.py, course/fsdp2.py and course/backward_hooks.py."""
+import threading
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import course
+from course import fsdp2
+
+_lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
+
+
+def _mlp():
+    with _lock:
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(6, 8, generator=g)
+
+
+def _reference_grads():
+    model = _mlp()
+    model(_batch()).square().mean().backward()
+    return [p.grad for p in model.parameters()]
+
+
+def test_init_process_group_with_device_id(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(course.ranks.free_port()))
+    with course.emulate(gpus=2):
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:1"))
+        try:
+            group = dist.group.WORLD
+            assert dist.get_backend() == "nccl"
+            assert group._get_backend(torch.device("cuda:1")) is group
+            assert group.group_name  # "ProcessGroup name not set" before
+            t = torch.ones(3, device="cuda:1")
+            dist.all_reduce(t)
+            assert t.device == torch.device("cuda:1") and t.tolist() == [1.0, 1.0, 1.0]
+        finally:
+            dist.destroy_process_group()
+
+
+def _functional(rank, world_size):
+    torch.cuda.set_device(rank)
+    x = torch.arange(8.0, device="cuda").reshape(4, 2) + 10 * rank
+    x = x @ torch.eye(2, device="cuda")  # a kernel the collectives must wait for
+    gathered = funcol.all_gather_tensor(x, 0, dist.group.WORLD)
+    scattered = funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD)
+    reduced = funcol.all_reduce(x, "max", dist.group.WORLD)
+    return {name: (t.device, t.cpu()) for name, t in
+            (("gathered", gathered), ("scattered", scattered), ("reduced", reduced))}
+
+
+def test_functional_collectives_give_values_and_are_timed_on_the_link():
+    with course.emulate(gpus=2) as emu:
+        got = course.run_threads(_functional, 2, backend="nccl")
+    xs = [torch.arange(8.0).reshape(4, 2) + 10 * r for r in range(2)]
+    for rank, out in enumerate(got):
+        assert all(device == torch.device("cuda", rank) for device, _ in out.values())
+        torch.testing.assert_close(out["gathered"][1], torch.cat(xs))
+        torch.testing.assert_close(out["scattered"][1], (xs[0] + xs[1])[2 * rank:2 * rank + 2])
+        torch.testing.assert_close(out["reduced"][1], xs[1])
+    trace = emu.trace
+    assert not [e for e in trace if "_c10d_functional" in e.name]  # no made-up compute kernel for them
+    for name in ("nccl:all_gather", "nccl:reduce_scatter", "nccl:all_reduce"):
+        events = [e for e in trace if e.name == name]
+        assert {e.device for e in events} == {"cuda:0", "cuda:1"}
+        assert all(e.end_ns > e.start_ns for e in events)
+    matmul_end = max(e.end_ns for e in trace if e.kind == "kernel" and "mm" in e.name)
+    first = min(e.start_ns for e in trace if e.name == "nccl:all_gather")
+    assert first >= matmul_end
+
+
+def _fsdp_rank(rank, world_size):
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    model = _mlp().cuda()
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model[2], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(_batch().cuda()).square().mean().backward()  # every rank the same batch: gradients as one model's
+    return [p.grad.full_tensor().cpu() for p in model.parameters()]
+
+
+def test_fsdp2_gradients_match_one_model_and_collectives_are_timed():
+    with course.emulate(gpus=2) as emu:
+        results = course.run_threads(_fsdp_rank, 2, backend="nccl")
+    for grads in results:
+        for got, want in zip(grads, _reference_grads(), strict=True):
+            torch.testing.assert_close(got, want)
+    names = {(e.name, e.device) for e in emu.trace if e.kind == "collective"}
+    for rank in range(2):
+        assert ("nccl:all_gather", f"cuda:{rank}") in names
+        assert ("nccl:reduce_scatter", f"cuda:{rank}") in names
+
+
+def test_fsdp2_free_and_alloc_storage_give_memory_back_and_take_it_again():
+    with course.emulate(gpus=1):
+        t = torch.empty(1 << 20, device="cuda")
+        view = t[:10]
+        before = torch.cuda.memory_allocated()
+        fsdp2.free_storage(t)
+        assert t._inner.untyped_storage().size() == 0
+        assert torch.cuda.memory_allocated() == before - (4 << 20)
+        fsdp2.alloc_storage(t)
+        assert torch.cuda.memory_allocated() == before
+        view.fill_(2.0)  # the view sees the re-grown storage
+        assert t[:10].sum().item() == 20.0
+        plain = torch.empty(4)
+        fsdp2.free_storage(plain)  # CPU tensors: FSDP's own function
+        assert plain.untyped_storage().size() == 0
+
+
+def test_backward_hooks_can_make_cuda_tensors():
+    with course.emulate(gpus=1):
+        from course import backward_hooks
+
+        seen = []
+        x = torch.ones(3, device="cuda", requires_grad=True)
+        y = x * 2
+        y.register_hook(lambda g: seen.append(torch.zeros(2, device="cuda").device) or g)
+        original = torch.autograd._engine_run_backward
+        torch.autograd._engine_run_backward = backward_hooks.engine_run_backward
+        try:
+            y.sum().backward()
+        finally:
+            torch.autograd._engine_run_backward = original
+        assert seen == [torch.device("cuda:0")]
+        assert x.grad.tolist() == [2.0, 2.0, 2.0]
