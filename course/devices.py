@@ -124,9 +124,13 @@ class EmulatedTensor(torch.Tensor):
         return twin
 
     def __reduce_ex__(self, protocol):
-        """Saved as a CPU tensor plus its device, so torch.load(weights_only=True) accepts it."""
+        """Inside torch.save, what a CUDA tensor saves as (see course/checkpoints.py); other pickling
+        (torch.multiprocessing, object collectives) sends a CPU copy plus the device, rebuilt there."""
+        from course import checkpoints
         from course.transfers import to_host_copy
 
+        if checkpoints.saving():
+            return checkpoints.reduce_for_save(self)
         return (_rebuild_emulated, (to_host_copy(self), self._device_index, self.requires_grad))
 
     @classmethod
@@ -169,7 +173,7 @@ def group_tensors_by_device_and_dtype(tensorlistlist, with_indices=False):
 
 
 def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):
-    """Loading inside an emulator gives the tensor back on its fake GPU; outside, on the CPU."""
+    """Unpickling inside an emulator gives the tensor back on its fake GPU; outside, on the CPU."""
     if active is None or device_index == CPU:
         return host_tensor.requires_grad_(requires_grad)
     from course.transfers import move

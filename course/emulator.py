@@ -19,8 +19,8 @@ import torch.cuda.nvtx
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course import (autocast, autostart, collectives, costs, cuda_api, devices, hardware, interception, nccl,
-                    plots, profiling)
+from course import (autocast, autostart, checkpoints, collectives, costs, cuda_api, devices, hardware, interception,
+                    nccl, plots, profiling)
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
@@ -109,6 +109,8 @@ class Emulator:
         for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
             self._patch(target, replacements)
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
+        for target, replacements in checkpoints.patches():  # torch.save/torch.load with 'cuda:i' locations
+            self._patch(target, replacements)
         # Without this, Module.to() assigns param.data and silently drops the fake device.
         self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)

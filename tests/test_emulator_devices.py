@@ -126,14 +126,19 @@ def test_state_dict_save_load_and_deepcopy(emu, tmp_path):
 
 
 def test_saved_tensors_load_on_the_cpu_outside_the_emulator():
+    """A file saved on emulated GPUs is a CUDA checkpoint: a CPU-only machine loads it with map_location="cpu"."""
     buffer = io.BytesIO()
     with course.emulate(gpus=2):
         weight = torch.arange(4.0, device="cuda:1")
         torch.save({"w": weight}, buffer)
     buffer.seek(0)
-    loaded = torch.load(buffer)
+    loaded = torch.load(buffer, map_location="cpu")
     assert type(loaded["w"]) is torch.Tensor
     torch.testing.assert_close(loaded["w"], torch.arange(4.0))
+    buffer.seek(0)
+    with pytest.raises(RuntimeError, match=r"Attempting to deserialize object on a CUDA device but "
+                                           r"torch.cuda.is_available\(\) is False"):
+        torch.load(buffer)
 
 
 def test_mixing_devices_raises_pytorchs_message(emu):
