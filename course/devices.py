@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
 
 import torch
 import torch.utils._foreach_utils
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim import optimizer as _optimizer
 
 from course import costs, cuda_only_ops
@@ -292,17 +294,31 @@ def _from_torch_internals() -> bool:
 
 
 # Plain CPU tensors that PyTorch's C++ uses as GPU memory (DDP's buckets): when their contents are ready,
-# by storage address, so the kernel that reads a bucket after its all-reduce waits for it.
-_scratch_ready_ns: dict[int, int] = {}
+# by storage address, so the kernel that reads a bucket after its all-reduce waits for it. Each entry keeps a
+# weak reference to its storage: once that storage is freed, the allocator may hand the address to another
+# tensor (another rank's, another run's), which must not inherit the old time.
+_scratch_ready_ns: dict[int, tuple[StorageWeakRef, int]] = {}
+_scratch_lock = threading.Lock()
+_scratch_prune_at = [64]  # entries before the next sweep of freed storages (amortised)
 
 
 def host_scratch_ready(tensor: torch.Tensor) -> int:
-    return _scratch_ready_ns.get(tensor.untyped_storage().data_ptr(), 0)
+    storage = tensor.untyped_storage()
+    entry = _scratch_ready_ns.get(storage.data_ptr())
+    if entry is None or entry[0].expired():
+        return 0
+    return entry[1]
 
 
 def mark_host_scratch(tensor: torch.Tensor, ready_ns: int) -> None:
-    address = tensor.untyped_storage().data_ptr()
-    _scratch_ready_ns[address] = max(_scratch_ready_ns.get(address, 0), ready_ns)
+    storage = tensor.untyped_storage()
+    with _scratch_lock:
+        if len(_scratch_ready_ns) >= _scratch_prune_at[0]:
+            for address in [a for a, (ref, _) in _scratch_ready_ns.items() if ref.expired()]:
+                del _scratch_ready_ns[address]
+            _scratch_prune_at[0] = max(64, 2 * len(_scratch_ready_ns))
+        ready_ns = max(host_scratch_ready(tensor), ready_ns)
+        _scratch_ready_ns[storage.data_ptr()] = (StorageWeakRef(storage), ready_ns)
 
 
 def _unwrap(value, tensors: list):

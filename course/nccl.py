@@ -171,13 +171,16 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     # -- timing ----------------------------------------------------------------------------------
     def _lane(self, tensors) -> tuple[int, int]:
-        """The rank's GPU (from its tensors, else the last one it used) and NCCL's stream on it."""
+        """The rank's GPU (from its tensors, else the last one it used, else NCCL's guess) and NCCL's stream on it.
+
+        Guessing from the rank, not from the calling thread's current device, keeps rank threads off each
+        other's streams before they call set_device: the timeline is then the same on every run."""
         _install_sharded_support(self._emu)
         gpus = [t._device_index for t in tensors if isinstance(t, EmulatedTensor) and t._device_index != CPU]
         if gpus:
             self._device = gpus[0]
-        elif self._device is None:
-            self._device = self._emu.current_device()
+        elif self._device is None:  # as ProcessGroupNCCL guesses (guessDeviceForRank): rank % local GPUs
+            self._device = self.rank() % self._emu.num_gpus
         if self._device not in self._streams:
             self._streams[self._device] = self._emu.new_stream_id(self._device)
         return self._device, self._streams[self._device]
