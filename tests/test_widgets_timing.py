@@ -45,3 +45,26 @@ def test_gpu_time_ms_equals_the_kernel_duration():
     assert result.shape == (2048, 2048)
     assert ms * 1e6 >= kernel.duration_ns
     assert ms * 1e6 <= kernel.duration_ns + 2 * course.costs.HOST_LAUNCH_NS
+
+
+def test_what_if_shows_an_error_in_a_redraw_instead_of_a_stale_figure(monkeypatch):
+    shown = []
+    monkeypatch.setattr("course.widgets.display", lambda obj, display_id=False: shown.append(obj) or _Handle(shown))
+
+    def draw(size):
+        if size > 5:
+            plt.figure()  # half drawn, then fails
+            raise ValueError(f"size {size} is too large")
+        figure, axes = plt.subplots()
+        axes.plot([0, size])
+        return figure
+
+    open_before = len(plt.get_fignums())
+    box = what_if(draw, size=widgets.IntSlider(value=3, min=1, max=10))
+    box.children[0].value = 7
+    message = shown[-1]
+    assert not isinstance(message, matplotlib.figure.Figure)
+    assert "size=7" in message.data and "ValueError: size 7 is too large" in message.data
+    assert len(plt.get_fignums()) == open_before
+    box.children[0].value = 4
+    assert isinstance(shown[-1], matplotlib.figure.Figure)
