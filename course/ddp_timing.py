@@ -55,8 +55,10 @@ class DDPStep:
 
 
 def simulate_ddp_step(model, batch_shape, num_gpus: int, gpu="A100-80GB", link="nvlink3",
-                      bucket_cap_mb: float | None = None, materialize: bool = False) -> DDPStep:
-    """Time forward, backward with bucketed all-reduce, and an SGD step, on `num_gpus` emulated GPUs.
+                      bucket_cap_mb: float | None = None, materialize: bool = False, optimizer=None) -> DDPStep:
+    """Time forward, backward with bucketed all-reduce, and an optimizer step, on `num_gpus` emulated GPUs.
+
+    `optimizer(parameters)` makes the optimizer (built before the clock starts); by default SGD, lr 0.01.
 
     `model` is a factory (class or function, built directly on the emulated cuda:0, so large models
     cost no real memory with materialize=False) or an nn.Module (copied). `batch_shape` is the
@@ -75,7 +77,7 @@ def simulate_ddp_step(model, batch_shape, num_gpus: int, gpu="A100-80GB", link="
             with torch.device("cuda:0"):
                 module = model()
         inputs = torch.randn(batch_shape, device="cuda:0")
-        optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+        optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.01)))(list(module.parameters()))
         comm_streams = [torch.cuda.Stream(device=d) for d in range(num_gpus)]
         torch.cuda.synchronize()
         start_ns = emu.clock.host_ns

@@ -50,8 +50,61 @@ def test_tensor_parallel_all_reduces_twice_per_block():
     assert len(all_reduces) == 2 * SMALL.num_blocks
 
 
-def test_one_gpu_step_is_close_to_the_flop_count_for_a_compute_bound_model():
+def test_one_gpu_step_matmuls_match_the_flop_count_and_adam_adds_memory_bound_work():
     spec = planning.ModelSpec("big", num_blocks=2, d_model=4096, d_hidden=16384, tokens_per_sample=1024)
     a100 = course.GPUS["A100-80GB"]
     ideal_ms = spec.flops_per_sample * 4 / (a100.peak_tflops["bf16"] * 1e12 * a100.matmul_efficiency) * 1e3
-    assert planning.simulate_step(spec, "data", 1, 4).step_ms == pytest.approx(ideal_ms, rel=0.15)
+    step = planning.simulate_step(spec, "data", 1, 4)
+    matmul_ms = sum(e.duration_ns for e in step.trace if e.name == "aten::mm" and e.device == "cuda:0") / 1e6
+    assert matmul_ms == pytest.approx(ideal_ms, rel=0.15)
+    adam = {e.name for e in step.trace if e.name.startswith("aten::_foreach")}
+    assert {"aten::_foreach_addcdiv_", "aten::_foreach_copy_"} <= adam  # Adam on the masters, then copied back
+    assert step.step_ms > ideal_ms
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter_and_fp32_is_16_too():
+    table = planning.memory_per_gpu(SMALL, "data", 1, 1)
+    params = SMALL.num_params
+    assert (table["params"], table["grads"], table["master"], table["optimizer"]) == (2 * params, 2 * params,
+                                                                                     4 * params, 8 * params)
+    fp32 = planning.memory_per_gpu(planning.ModelSpec("f", 4, 256, 1024, 16, torch.float32), "data", 1, 1)
+    assert (fp32["params"], fp32["grads"], fp32["master"], fp32["optimizer"]) == (4 * params, 4 * params, 0,
+                                                                                 8 * params)
+
+
+def test_zero_stages_shard_what_the_paper_says():
+    spec = planning.ModelSpec("capstone", 16, 6144, 24576, 1024, torch.float16)
+    psi, gib = spec.num_params, 2**30
+    stages = [planning.zero_memory_per_gpu(spec, stage, 8, 32) for stage in range(4)]
+    assert stages[0] == planning.memory_per_gpu(spec, "data", 8, 32)
+    model_states = [t["params"] + t["grads"] + t["master"] + t["optimizer"] for t in stages]
+    # (2 + 2 + K) psi, (2 + 2 + K/N) psi, (2 + (2 + K)/N) psi, (2 + 2 + K) psi / N with K = 12, N = 8
+    for got, bytes_per_param in zip(model_states, (16, 4 + 12 / 8, 2 + 14 / 8, 16 / 8)):
+        assert got / gib == pytest.approx(bytes_per_param * psi / gib, abs=0.01)
+    with pytest.raises(ValueError, match="ZeRO stage"):
+        planning.zero_memory_per_gpu(spec, 4, 8, 32)
+
+
+def test_mixed_precision_adam_updates_like_fp32_adam_on_the_masters():
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(8, 4)
+    with course.emulate(gpus=1):
+        model = torch.nn.Linear(8, 4).to("cuda:0", torch.bfloat16)
+        with torch.no_grad():
+            for p, r in zip(model.parameters(), reference.parameters()):
+                p.copy_(r.to(torch.bfloat16))
+        optimizer = planning.MixedPrecisionAdam(model.parameters(), lr=0.1)
+        masters = [m.detach().clone().cpu() for m in optimizer.masters]
+        x = torch.randn(16, 8)
+        model(x.to("cuda:0", torch.bfloat16)).float().square().mean().backward()
+        grads = [p.grad.float().cpu() for p in model.parameters()]
+        optimizer.step()
+        updated = [m.detach().cpu() for m in optimizer.masters]
+        weights = [p.detach().cpu() for p in model.parameters()]
+    expected = [m.clone().requires_grad_() for m in masters]
+    for m, g in zip(expected, grads):
+        m.grad = g
+    torch.optim.Adam(expected, lr=0.1).step()
+    for got, want, weight in zip(updated, expected, weights):
+        assert torch.allclose(got, want.detach(), atol=1e-6)
+        assert torch.equal(weight, want.detach().to(torch.bfloat16))
