@@ -1,0 +1,59 @@
+"""Helpers for the chapters' exercises, so a notebook runs past exercises the learner has not done yet.
+
+A demo cell that calls a learner's function starts with
+
+    if demo_needs(tiled_forward):
+        ...
+
+and prints "Finish the exercise `tiled_forward` to see this." instead of failing while the function is
+still the stub nbgrader leaves (`raise NotImplementedError()`). A value the learner must set (a prediction)
+is defined as None in a cell before the exercise, so later cells can pass it too: `demo_needs(predicted_ms)`.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+
+def is_unfinished(thing) -> bool:
+    """True for None and for a function whose body (after its docstring) is only `raise NotImplementedError...`."""
+    if thing is None:
+        return True
+    if not callable(thing):
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(thing)))
+    except (OSError, TypeError, SyntaxError):  # no source to read: judge by what the code refers to
+        code = getattr(thing, "__code__", None)
+        return code is not None and "NotImplementedError" in code.co_names and len(code.co_names) <= 2
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
+def _name(thing) -> str:
+    return getattr(thing, "__name__", None) or "the prediction above"
+
+
+def demo_needs(*things) -> bool:
+    """True when every function or value a demo uses is done; otherwise print which exercise to finish.
+
+    `things` are the learner's functions (unfinished while their body is still the stub) or values
+    (unfinished while None). Use it as `if demo_needs(f, g): ...` so Run All goes on past the demo.
+    """
+    missing = [_name(thing) for thing in things if is_unfinished(thing)]
+    if missing:
+        names = ", ".join(f"`{name}`" if name != "the prediction above" else name for name in missing)
+        print(f"Finish the exercise {names} to see this." if len(missing) == 1
+              else f"Finish the exercises {names} to see this.")
+        return False
+    return True
