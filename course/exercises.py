@@ -57,3 +57,21 @@ def demo_needs(*things) -> bool:
               else f"Finish the exercises {names} to see this.")
         return False
     return True
+
+
+def check_prediction(predicted, measured: float, rtol: float, unit: str = "", hint: str = "") -> None:
+    """The visible test of a "predict, then measure" exercise: `predicted` within `rtol` of `measured`.
+
+    Fails with how far off the prediction is and in which direction (not the measured value itself), plus
+    `hint`; a passing prediction prints how close it came.
+    """
+    assert predicted is not None, "set your prediction first (it is still None)"
+    assert isinstance(predicted, (int, float)) and not isinstance(predicted, bool), (
+        f"the prediction must be a number{f' of {unit}' if unit else ''}; got {type(predicted).__name__}")
+    off = predicted / measured - 1
+    direction = "too high" if off > 0 else "too low"
+    if abs(off) > rtol:
+        scale = f" ({predicted / measured:.3g} times the measurement)" if abs(off) >= 1 else ""
+        raise AssertionError(f"your prediction is {abs(off):.0%} {direction}{scale}; the test accepts "
+                             f"{rtol:.0%} either way. {hint}".rstrip())
+    print(f"Prediction within {rtol:.0%} of the measurement: {abs(off):.1%} {direction if off else 'off'}.")
