@@ -71,7 +71,10 @@ def check_prediction(predicted, measured: float, rtol: float, unit: str = "", hi
     off = predicted / measured - 1
     direction = "too high" if off > 0 else "too low"
     if abs(off) > rtol:
-        scale = f" ({predicted / measured:.3g} times the measurement)" if abs(off) >= 1 else ""
-        raise AssertionError(f"your prediction is {abs(off):.0%} {direction}{scale}; the test accepts "
-                             f"{rtol:.0%} either way. {hint}".rstrip())
+        ratio = predicted / measured
+        if ratio >= 2 or 0 < ratio <= 0.5:
+            how = f"{max(ratio, 1 / ratio):.3g} times {direction}"
+        else:
+            how = f"{abs(off):.0%} {direction}"
+        raise AssertionError(f"your prediction is {how}; the test accepts {rtol:.0%} either way. {hint}".rstrip())
     print(f"Prediction within {rtol:.0%} of the measurement: {abs(off):.1%} {direction if off else 'off'}.")
