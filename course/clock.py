@@ -123,5 +123,24 @@ class Clock:
                 self._events.append(TraceEvent("host", reason, "host", 0, host, until_ns))
                 self.host_ns = until_ns
 
+    def host_lane(self) -> int:
+        """The host row this thread's own work is drawn on: 0 for the main thread, 1, 2... for others in the
+        order they first do host work (a DataLoader's pin-memory thread, say)."""
+        with self.lock:
+            if threading.current_thread() is threading.main_thread():
+                return 0
+            lane = getattr(self._host, "lane", None)
+            if lane is None:
+                self._host_lanes = getattr(self, "_host_lanes", 0) + 1
+                lane = self._host.lane = self._host_lanes
+            return lane
+
+    def host_busy(self, duration_ns: int, name: str) -> None:
+        """The host thread does work of its own (not waiting for a GPU) for duration_ns."""
+        with self.lock:
+            host = self.host_ns
+            self._events.append(TraceEvent("host_copy", name, "host", self.host_lane(), host, host + duration_ns))
+            self.host_ns = host + duration_ns
+
     def synchronize(self, devices) -> None:
         self.host_wait(max((self.device_ready(d) for d in devices), default=0), "synchronize")

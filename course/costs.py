@@ -9,7 +9,7 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NCCL_CALL_US,
+from course.hardware import (GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_PIN_COPY_GBPS, NCCL_CALL_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link)
 
 aten = torch.ops.aten
@@ -136,6 +136,11 @@ def copy_ns(link: Link, nbytes: int, pinned: bool = True) -> int:
     """
     efficiency = link.efficiency if pinned else link.pageable_efficiency
     return math.ceil(link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * efficiency))
+
+
+def host_copy_ns(nbytes: int) -> int:
+    """A memcpy on the host into pinned memory (`Tensor.pin_memory()`), at `HOST_PIN_COPY_GBPS`."""
+    return math.ceil(nbytes / HOST_PIN_COPY_GBPS)
 
 
 def device_copy_ns(gpu: GPU, nbytes: int) -> int:

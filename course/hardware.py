@@ -13,6 +13,14 @@ GiB = 2**30
 # order of magnitude the course uses for one eager PyTorch op.
 HOST_LAUNCH_OVERHEAD_US = 5.0
 
+# `Tensor.pin_memory()` copies a pageable tensor into page-locked memory: a memcpy on the host, before any
+# transfer starts. PyTorch's tutorial on pinned memory (https://docs.pytorch.org/tutorials/intermediate/
+# pinmem_nonblock.html) measures `t.pin_memory().to(device, non_blocking=True)` up to twice as slow as a plain
+# `t.to(device)`, because of that copy. Its rate is the one the driver's own pageable path reaches, which is
+# the same memcpy into a pinned staging buffer: 10.0 GB/s on a DGX A100 (the bandwidthTest cited under the
+# links below). One CPU thread's memcpy; it depends on the CPU and its memory (assumption: same for every preset).
+HOST_PIN_COPY_GBPS = 10.0
+
 # Shortest time a kernel occupies a GPU. The CUDA Graphs blog above times its small elementwise example
 # kernel at about 2.9 us; 2 us for a kernel doing almost nothing is an estimate below that, for every preset.
 _KERNEL_MIN_US = 2.0

@@ -274,7 +274,7 @@ def handle_torch_function(func, args, kwargs):
             return _create_on_device(func, device, args, dict(kwargs))
     if kwargs and kwargs.get("pin_memory"):  # CPU torch has no pinned allocator: a buffer for async copies
         with torch._C.DisableTorchFunctionSubclass():
-            return pin(func(*args, **dict(kwargs, pin_memory=False)))
+            return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
 

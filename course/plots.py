@@ -15,7 +15,14 @@ KINDS = {  # kind -> (legend label, colour); this order is the legend's
     "copy": ("copy", "tab:orange"),
     "collective": ("collective", "tab:green"),
     "host": ("host waiting for GPUs", "tab:gray"),
+    "host_blocked": ("host blocked by a copy", "dimgray"),  # a host wait whose reason is a copy, drawn apart
+    "host_copy": ("host copying into pinned memory", "tab:brown"),
 }
+
+
+def _kind(e: TraceEvent) -> str:
+    """The timeline's colour class: a host wait for a copy (pageable, or to the CPU) is told from synchronize."""
+    return "host_blocked" if e.kind == "host" and e.name.startswith("wait for copy") else e.kind
 NVTX = ("NVTX range", "tab:purple")  # torch.cuda.nvtx ranges: drawn on their own rows under the host
 NVTX_TID = 1  # the host thread NVTX ranges go on in a Chrome trace (host waits are on 0)
 
@@ -40,6 +47,8 @@ def _lanes(trace) -> list[tuple[str, int]]:
 def _lane_label(device: str, stream: int) -> str:
     if device == "nvtx":
         return "NVTX" if stream == 0 else f"NVTX depth {stream}"
+    if device == "host" and stream:
+        return f"host thread {stream}"
     return device if stream == 0 else f"{device} s{stream}"
 
 
@@ -88,13 +97,13 @@ def plot_timeline(trace, ax=None, title=None, start_ms=None, end_ms=None):
         _, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(lanes)), layout="constrained")
 
     for kind, (label, colour) in KINDS.items():
-        events = [e for e in trace if e.kind == kind]
+        events = [e for e in trace if _kind(e) == kind]
         for lane in lanes:
             bars = [(e.start_ns / per_unit, e.duration_ns / per_unit) for e in events
                     if (e.device, e.stream) == lane]
             if bars:
                 ax.broken_barh(bars, (row[lane] - 0.4, 0.8), facecolors=colour, edgecolor="white",
-                               linewidth=0.5, label=label)
+                               linewidth=0.5, label=label, hatch="//" if kind == "host_blocked" else None)
                 label = None  # one legend entry per kind
         for e in events:  # say where a copy goes (or comes from) when its bar has room
             if e.peer and e.duration_ns > 0.08 * (hi_ns - lo_ns):

@@ -11,7 +11,8 @@ class TraceEvent(NamedTuple):
     """One interval on one lane of the timeline.
 
     kind: "kernel" (compute on a GPU), "copy" (bytes over a link), "collective", "host"
-    (the host blocked, waiting for the GPUs) or "nvtx" (a `torch.cuda.nvtx` range on the host,
+    (the host blocked, waiting for the GPUs), "host_copy" (a host thread copying into pinned memory; stream
+    is the host thread's row, 0 for the main thread) or "nvtx" (a `torch.cuda.nvtx` range on the host,
     its nesting depth in `stream`; a mark has no duration). device: "cuda:0", ..., or "host".
     For a copy, device is where it runs (the source GPU, or the GPU end of a host transfer) and peer the
     other end ("cuda:1" or "cpu").

@@ -9,10 +9,11 @@ import weakref
 
 import torch
 
-from course import costs
+from course import costs, devices
 from course.devices import CPU, EmulatedTensor, current_emulator, device_name, wrap
 
-_pinned_storages: set[int] = set()
+# storage address of each pinned CPU tensor -> (the clock that timed its pinning copy, when that copy ended)
+_pinned_storages: dict[int, tuple] = {}
 
 
 def device_of(tensor: torch.Tensor) -> int:
@@ -23,16 +24,36 @@ def is_pinned(tensor: torch.Tensor) -> bool:
     return device_of(tensor) == CPU and tensor.untyped_storage().data_ptr() in _pinned_storages
 
 
-def pin(tensor: torch.Tensor) -> torch.Tensor:
-    """A page-locked copy of a CPU tensor, as `Tensor.pin_memory()` gives on a CUDA machine."""
+def pin(tensor: torch.Tensor, copy: bool = True) -> torch.Tensor:
+    """A page-locked copy of a CPU tensor, as `Tensor.pin_memory()` gives on a CUDA machine.
+
+    The copy is host work: the calling thread is busy for nbytes at `hardware.HOST_PIN_COPY_GBPS`, drawn on
+    its host row as a "host_copy". `copy=False` is for a new buffer allocated pinned (`pin_memory=True` in a
+    factory call), which copies nothing.
+    """
     if is_pinned(tensor):
         return tensor
     with torch._C.DisableTorchFunction():
         pinned = tensor.clone()
+    emu = devices.active
+    nbytes = pinned.numel() * pinned.element_size()
+    pinned_at = (None, 0)
+    if copy and emu is not None and hasattr(emu, "clock") and nbytes:
+        emu.clock.host_busy(costs.host_copy_ns(nbytes), "pin_memory: host copy into pinned memory")
+        pinned_at = (weakref.ref(emu.clock), emu.clock.host_ns)
     address = pinned.untyped_storage().data_ptr()
-    _pinned_storages.add(address)
-    weakref.finalize(pinned, _pinned_storages.discard, address)
+    _pinned_storages[address] = pinned_at
+    weakref.finalize(pinned, _pinned_storages.pop, address, None)
     return pinned
+
+
+def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
+    """When the copy that pinned this tensor ended on `clock` (0 if it is not pinned, cost nothing, or was
+    pinned under another emulator)."""
+    if device_of(tensor) != CPU:
+        return 0
+    pinned_by, ready_ns = _pinned_storages.get(tensor.untyped_storage().data_ptr(), (None, 0))
+    return ready_ns if pinned_by is not None and pinned_by() is clock else 0
 
 
 def charge_copy(emu, src: int, dst: int, nbytes: int, ready_ns: int, pinned=False, non_blocking=False) -> int:
@@ -70,6 +91,9 @@ def _raw_move(tensor: torch.Tensor, dst: int, non_blocking: bool) -> torch.Tenso
         else:
             new_inner = inner.detach().to("meta")
     ready_ns = tensor.ready_ns if isinstance(tensor, EmulatedTensor) else 0
+    pinned_at = pinned_ready_ns(tensor, emu.clock)
+    if pinned_at > emu.clock.host_ns:  # pinned by another thread (a DataLoader's): this one cannot have it sooner
+        emu.clock.host_wait(pinned_at, "wait for the pin-memory thread")
     end = charge_copy(emu, src, dst, nbytes, ready_ns, pinned=is_pinned(tensor), non_blocking=non_blocking)
     if block is not None:
         block.ready_ns = end

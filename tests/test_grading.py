@@ -36,9 +36,11 @@ WRONG = {  # wrong answers, the baseline every cheat is compared with
     "effective_bandwidth_gbps": "def effective_bandwidth_gbps(nbytes, ms):\n    return nbytes / ms\n",
     "predict_pinned_copy_ms": "predicted_ms = 1.5\n",
 }
-# Right values, wrong "how": the copies are not pinned, so the host waits for them. Hidden tests read that from
-# the emulator, which lives in the learner's process: the cheats below patch the instrument itself.
-UNPINNED = "def move_batch(batch, device):\n    return {k: t.to(device, non_blocking=True) for k, t in batch.items()}\n"
+# Right values, wrong "how": every batch is pinned on the host first (a host copy of the whole batch), and the
+# pageable ones then go without the host waiting. Hidden tests read that from the emulator, which lives in the
+# learner's process: the cheats below patch the instrument itself.
+UNPINNED = ("def move_batch(batch, device):\n"
+            "    return {k: t.pin_memory().to(device, non_blocking=True) for k, t in batch.items()}\n")
 FAKE_PINNING = "import course.transfers as T\nT.is_pinned = lambda tensor: True\n"
 PATCH_ALL = ("import builtins, numpy, numpy.testing, torch, torch.testing\n"
              "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
@@ -155,7 +157,7 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
             "\nimport course.transfers\ncourse.transfers.is_pinned.__code__ = (lambda tensor: True).__code__\n")}),
         "cheat_instrument_in_function": S(answers={**WRONG, "move_batch": (
             "def move_batch(batch, device):\n    " + FAKE_PINNING.replace("\n", "\n    ")
-            + "return {k: t.to(device, non_blocking=True) for k, t in batch.items()}\n")}),
+            + "return {k: t.pin_memory().to(device, non_blocking=True) for k, t in batch.items()}\n")}),
         "memory_search": S(extra={"time_on_gpu": MEMORY_SEARCH}),
     }
 
