@@ -13,11 +13,11 @@ LAB_ARGS ?=
 ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test test-quick benchmark student validate clean release collect autograde feedback grades
+.PHONY: help setup lab formgrader system-packages test test-quick benchmark student validate clean release collect autograde feedback grades
 
 help: ## list the targets
 	@echo "Targets:"
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,15 +32,43 @@ $(STAMP): pyproject.toml course/autostart.py | $(PY)
 
 setup: $(STAMP) ## create .venv and install the course with all dependencies
 
+# JupyterLab's settings ship in jupyter-config/ (its README says what each file does): the lab opens on the
+# rendered index with no news pop-up; learners get no nbgrader instructor tools (jupyter-config/learner/),
+# instructors get them with make formgrader. The server picks a free port and prints the link to open.
+LAB = $(abspath $(VENV))/bin/jupyter lab $(ROOT_ARGS) $(LAB_ARGS)
+
 lab: setup ## open the course in JupyterLab (the URL is printed below)
-	@echo "Starting JupyterLab on notebooks/; open the http://localhost:8888/lab?token=... URL printed below."
-	cd notebooks && ../$(VENV)/bin/jupyter lab README.md $(ROOT_ARGS) $(LAB_ARGS)
+	@echo "Starting JupyterLab on notebooks/: open the http://localhost:<port>/lab/tree/README.md?token=... link it prints below."
+	cd notebooks && JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config/learner:$(CURDIR)/jupyter-config" $(LAB)
+
+# On the whole repository (nbgrader_config.py), with the references importable as when grading: instructors only.
+formgrader: setup ## instructors: JupyterLab with nbgrader's Formgrader and Create Assignment tools
+	@echo "Starting JupyterLab on the repository, with nbgrader's tools: open the link it prints below."
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config" PYTHONPATH="$(CURDIR)/autograder" \
+		PATH="$(abspath $(VENV))/bin:$$PATH" $(LAB)
 
 # nbval re-runs every solution notebook and compares its outputs (hidden tests import grading and the
 # references from autograder/: there they run in trusted mode, each check comparing the solution with its reference).
 NBVAL = $(GRADING_ENV) $(PY) -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
 
-test: setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
+# The grading sandbox (bwrap) and the browser test (chromium) need Debian packages. Without them the tests
+# would fail (tests/conftest.py), so make test checks first: it installs them where it may (root, or sudo
+# without a password) and otherwise stops at once with the command to run. ALLOW_SKIP=1 (developers only)
+# skips the sandbox and browser tests instead; the run is then not a full test.
+DEB_PACKAGES = bubblewrap chromium chromium-driver
+CHROMIUM = /usr/bin/chromium
+APT_INSTALL = apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DEB_PACKAGES)
+
+system-packages: ## install what make test needs from Debian (bubblewrap, chromium), or say how
+	@if command -v bwrap >/dev/null && [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if [ -n "$(filter-out 0,$(ALLOW_SKIP))" ]; then echo "ALLOW_SKIP=$(ALLOW_SKIP): no bwrap or $(CHROMIUM) here, their tests are skipped"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then echo "Installing $(DEB_PACKAGES)"; sh -c '$(APT_INSTALL)'; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then echo "Installing $(DEB_PACKAGES) with sudo"; sudo sh -c '$(APT_INSTALL)'; \
+	else echo "make test needs bubblewrap (the grading sandbox) and Debian's chromium (the browser test). Run:" >&2; \
+		echo "  sudo sh -c '$(APT_INSTALL)'" >&2; \
+		echo "then make test again (or ALLOW_SKIP=1 make test to skip those tests)." >&2; exit 1; fi
+
+test: system-packages setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
 	$(PY) -m pytest -q
 	$(NBVAL)
 
