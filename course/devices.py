@@ -7,6 +7,7 @@ counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` devi
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 
@@ -17,6 +18,10 @@ from torch.optim import optimizer as _optimizer
 
 from course import costs, cuda_only_ops
 from course.memory import Block
+
+# Emulator developers: COURSE_DEBUG=1 keeps the emulator's own frames in tracebacks. Otherwise an error in an
+# emulated op is raised from the learner's call, as CUDA's errors come from C++ below the learner's line.
+KEEP_FRAMES = bool(os.environ.get("COURSE_DEBUG"))
 
 CPU = -1  # device index of the host in the emulator's bookkeeping
 
@@ -137,14 +142,22 @@ class EmulatedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True  # errors read from the learner's line (see interception.handle_torch_function)
         from course.interception import handle_torch_function
 
         return handle_torch_function(func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True
         emu = active if active is not None else current_emulator(str(func))
-        return run_kernel(emu, func, args, kwargs or {})
+        try:
+            return run_kernel(emu, func, args, kwargs or {})
+        except Exception as error:
+            if KEEP_FRAMES:
+                raise
+            # The error belongs to the torch call that reached this kernel: the emulator's frames are dropped.
+            raise error.with_traceback(None) from error.__cause__
 
 
 # On a GPU, optimizers and gradient clipping default to their foreach (multi-tensor) kernels; both check

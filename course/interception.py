@@ -12,7 +12,7 @@ import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
 from course import costs
-from course.devices import CPU, EmulatedTensor, current_emulator, wrap
+from course.devices import CPU, KEEP_FRAMES, EmulatedTensor, current_emulator, wrap
 from course.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 
 
@@ -262,7 +262,21 @@ def _default_device():
 
 
 def handle_torch_function(func, args, kwargs):
-    """Route one Python-level torch call: take over the ones that name a device, pass the rest on."""
+    """Route one Python-level torch call; an error in it is raised from here, as CUDA's come from the C++ below
+    the learner's line: the emulator's own frames are dropped (devices.KEEP_FRAMES keeps them), and IPython
+    and pytest hide this one (`__tracebackhide__`)."""
+    __tracebackhide__ = True
+    try:
+        return _route_torch_function(func, args, kwargs)
+    except Exception as error:
+        if KEEP_FRAMES:
+            raise
+        # The error belongs to the torch call in the frame above: the emulator's frames below it are dropped.
+        raise error.with_traceback(None) from error.__cause__
+
+
+def _route_torch_function(func, args, kwargs):
+    """Take over the calls that name a device, pass the rest on."""
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
@@ -283,4 +297,5 @@ class EmulatorMode(TorchFunctionMode):
     """Pushed on every thread that runs emulated code: sees factory calls and plain-tensor `.to()`."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True
         return handle_torch_function(func, args, kwargs or {})
