@@ -5,6 +5,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,21 @@ def test_run_ring_reports_a_rank_that_never_answers():
 
     with pytest.raises(RuntimeError, match="rank 0 waited 0.2 s for a message from rank 1"):
         run_ring(silent_on_rank_1, [torch.zeros(3) for _ in range(2)], timeout_s=0.2)
+
+
+def test_run_ring_reports_a_failing_rank_at_once_with_its_line():
+    def index_bug(tensor, rank, world_size, exchange):
+        if rank == 1:
+            return tensor.tensor_split(world_size)[world_size + rank]  # the learner's bug
+        exchange(tensor.clone(), torch.empty_like(tensor))
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        run_ring(index_bug, [torch.zeros(4) for _ in range(3)], timeout_s=10)
+    assert time.monotonic() - started < 5, "the other ranks should stop waiting once rank 1 failed"
+    message = str(raised.value)
+    assert message.startswith("rank 1: IndexError") and "in index_bug" in message
+    assert "tensor.tensor_split(world_size)[world_size + rank]" in message and "ring.py" not in message
 
 
 def ddp_then_ring_all_reduce(rank, world_size, batches, num_elements):
