@@ -40,8 +40,11 @@ def is_unfinished(thing) -> bool:
     return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
 
 
+_PREDICTION = "the prediction above"
+
+
 def _name(thing) -> str:
-    return getattr(thing, "__name__", None) or "the prediction above"
+    return getattr(thing, "__name__", None) or _PREDICTION
 
 
 def demo_needs(*things) -> bool:
@@ -52,9 +55,13 @@ def demo_needs(*things) -> bool:
     """
     missing = [_name(thing) for thing in things if is_unfinished(thing)]
     if missing:
-        names = ", ".join(f"`{name}`" if name != "the prediction above" else name for name in missing)
-        print(f"Finish the exercise {names} to see this." if len(missing) == 1
-              else f"Finish the exercises {names} to see this.")
+        names = [f"`{name}`" for name in missing if name != _PREDICTION]
+        todo = []
+        if names:
+            todo.append(f"finish the exercise{'s' if len(names) > 1 else ''} {', '.join(names)}")
+        if len(names) < len(missing):
+            todo.append("set your prediction above")
+        print(f"{' and '.join(todo).capitalize()} to see this.")
         return False
     return True
 
@@ -77,4 +84,5 @@ def check_prediction(predicted, measured: float, rtol: float, unit: str = "", hi
         else:
             how = f"{abs(off):.0%} {direction}"
         raise AssertionError(f"your prediction is {how}; the test accepts {rtol:.0%} either way. {hint}".rstrip())
-    print(f"Prediction within {rtol:.0%} of the measurement: {abs(off):.1%} {direction if off else 'off'}.")
+    closeness = "matches it to within 0.05%" if abs(off) < 0.0005 else f"{abs(off):.1%} {direction}"
+    print(f"Prediction within {rtol:.0%} of the measurement: {closeness}.")

@@ -242,3 +242,55 @@ def summary(trace) -> Summary:
             "bytes_out": sum(e.bytes for e in trace if e.kind == "copy" and _copied_out(e, device)),
         })
     return Summary(rows, span_ns / 1e6)
+
+
+def plot_memory_over_time(samples, ax=None, title=None, limit_bytes=None, label=None):
+    """Memory allocated on one GPU through a training step, from samples the caller took along the way.
+
+    The emulator's timeline shows when kernels run, not how much memory is held, and `memory_stats()` only
+    gives the current value and the peak; a chapter about the memory of a training step needs the curve in
+    between. `samples` are dicts with "ms" (simulated time; the x axis starts at the first sample's), "allocated" (`torch.cuda.memory_allocated()`),
+    "peak" (`torch.cuda.max_memory_allocated()` since the previous sample, so a short-lived high point such as
+    an optimizer's temporaries shows as a spike) and "phase" ("forward", "backward", "optimizer"...). Phases are
+    shaded and named; `limit_bytes` draws a horizontal line (a memory cap); `label` names this curve in a legend,
+    so two steps can share one Axes. Returns the Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if not samples:
+        raise ValueError("no memory samples to plot")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.5), layout="constrained")
+    origin = samples[0]["ms"]
+    xs, ys = [0.0], [samples[0]["allocated"] / 2**20]
+    for sample in samples[1:]:  # flat since the previous sample, up to the peak in between, down to the current value
+        ms = sample["ms"] - origin
+        xs += [ms, ms, ms]
+        ys += [ys[-1], max(sample["peak"], sample["allocated"]) / 2**20, sample["allocated"] / 2**20]
+    line, = ax.plot(xs, ys, linewidth=1.5, label=label)
+    if label is None:  # one curve: shade its phases
+        colours = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
+        start = 0
+        for index in range(1, len(samples) + 1):
+            if index == len(samples) or samples[index]["phase"] != samples[start]["phase"]:
+                phase = samples[start]["phase"]
+                lo = (samples[start - 1]["ms"] if start else origin) - origin
+                hi = samples[index - 1]["ms"] - origin
+                ax.axvspan(lo, hi, color=colours.get(phase, "lightgray"), alpha=0.12, linewidth=0)
+                ax.text((lo + hi) / 2, 1.01, phase, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                        fontsize=8)
+                start = index
+    top = max(ys)
+    peak_at = xs[ys.index(top)]
+    ax.plot([peak_at], [top], marker="v", color=line.get_color(), markersize=7)
+    ax.annotate(f"peak {top:,.0f} MiB", (peak_at, top), textcoords="offset points", xytext=(6, 2), fontsize=8,
+                color=line.get_color())
+    if limit_bytes is not None:
+        ax.axhline(limit_bytes / 2**20, color="tab:red", linestyle="--", linewidth=1, label="cap")
+    ax.set_ylim(0, max(ax.get_ylim()[1], max(top, (limit_bytes or 0) / 2**20) * 1.15))  # room for every curve
+    ax.set_xlabel("simulated time since the first sample (ms)")
+    ax.set_ylabel("allocated (MiB)")
+    ax.set_title(title or "Memory allocated during the step", pad=14)
+    if label is not None or limit_bytes is not None:
+        ax.legend(loc="upper left", fontsize=8)
+    return ax
