@@ -148,3 +148,39 @@ def test_empty_trace_says_nothing_ran(tmp_path):
         pass
     with pytest.raises(ValueError, match="nothing ran"):
         emu.plot_timeline()
+
+
+def test_memory_over_time_draws_the_samples_and_marks_the_highest_point():
+    """Samples of a real emulated step: the curve passes through every allocated value and peaks where the
+    step's max_memory_allocated says, each phase is shaded once, and a cap is drawn where asked."""
+    samples = []
+
+    def sample(phase):
+        samples.append({"ms": emu.now_ms(),
+                        "allocated": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated(),
+                        "phase": phase})
+        torch.cuda.reset_peak_memory_stats()
+
+    with course.emulate(gpus=1, materialize=False) as emu:
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512)).cuda()
+        x = torch.empty(256, 512, device="cuda")
+        torch.cuda.reset_peak_memory_stats()
+        sample("forward")
+        loss = model(x).square().mean()
+        sample("forward")
+        loss.backward()
+        sample("backward")
+        del loss
+        sample("optimizer")
+    ax = course.plots.plot_memory_over_time(samples, limit_bytes=64 * 2**20)
+    line = ax.lines[0]
+    ys = list(line.get_ydata())
+    for s in samples:
+        assert s["allocated"] / 2**20 in ys
+    assert max(ys) == pytest.approx(max(max(s["peak"], s["allocated"]) for s in samples) / 2**20)
+    assert [t.get_text() for t in ax.texts if t.get_text() in ("forward", "backward", "optimizer")] == \
+        ["forward", "backward", "optimizer"]
+    assert any(t.get_text().startswith("peak ") for t in ax.texts)
+    assert any(l.get_label() == "cap" for l in ax.lines)
+    with pytest.raises(ValueError, match="no memory samples"):
+        course.plots.plot_memory_over_time([])
