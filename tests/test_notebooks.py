@@ -1,4 +1,4 @@
-"""The student versions as learners meet them: they run up to the first exercise, and the references stay
+"""The student versions as learners meet them: Run All goes to the end with the exercises untouched, and the references stay
 hidden. (That notebooks/ is exactly what `make student` generates is checked by tests/test_round_trip.py.)
 
 Runs real Jupyter kernels. That every solution passes its tests is shown by
@@ -29,18 +29,34 @@ def test_there_are_chapters():
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_nothing_errors_before_the_first_exercise(chapter):
-    """Run the student version up to its first answer cell, as a learner would: no cell may fail."""
+def test_every_exercise_cell_lets_run_all_go_on(chapter):
+    """JupyterLab's Run All stops at the first error unless the failing cell is tagged raises-exception."""
+    import nbformat
+
+    notebook = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    untagged = [cell.metadata["nbgrader"]["grade_id"] for cell in notebook.cells
+                if cell.cell_type == "code" and (cell.metadata.get("nbgrader", {}).get("solution")
+                                                 or cell.metadata.get("nbgrader", {}).get("grade"))
+                and "raises-exception" not in cell.metadata.get("tags", [])]
+    assert not untagged, f"exercise cells without the raises-exception tag: {untagged}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_untouched_student_version_runs_to_the_end(chapter):
+    """Run All on the student version with every exercise untouched, as a stuck learner would: only exercise
+    cells (tagged raises-exception) may fail, and every demo after them still runs."""
     import nbclient
     import nbformat
 
     notebook = nbformat.read(ROOT / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
-    first_answer = next(i for i, cell in enumerate(notebook.cells)
-                        if cell.metadata.get("nbgrader", {}).get("solution"))
-    notebook.cells = notebook.cells[:first_answer]
     client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(ROOT / "notebooks" / chapter)}})
-    client.execute(env=_env())  # raises CellExecutionError at the first failing cell
+    client.execute(env=_env())  # raises CellExecutionError at the first failing cell that is not an exercise
+    failed = {cell.metadata.get("nbgrader", {}).get("grade_id") for cell in notebook.cells
+              if any(output.get("output_type") == "error" for output in cell.get("outputs", []))}
+    tests = {cell.metadata["nbgrader"]["grade_id"] for cell in notebook.cells
+             if cell.metadata.get("nbgrader", {}).get("grade")}
+    assert tests <= failed, f"tests that pass on the untouched notebook: {sorted(tests - failed)}"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

@@ -46,3 +46,18 @@ def best_serving_config(latency_ms, target_ms, batch_sizes, tp_degrees, total_gp
             if best_key is None or throughput > best_key:
                 best, best_key = (batch, tp), throughput
     return best
+
+
+def dynamic_batching(arrival_ms, pass_ms, max_batch) -> list[float]:
+    """Answer times of requests served by one GPU: a pass starts as soon as the GPU is free and a request waits,
+    with the oldest requests arrived by then, at most max_batch; it ends pass_ms(batch) later."""
+    done, free_at, first = [0.0] * len(arrival_ms), 0.0, 0
+    while first < len(arrival_ms):
+        start = max(free_at, arrival_ms[first])
+        last = first
+        while last < len(arrival_ms) and last - first < max_batch and arrival_ms[last] <= start:
+            last += 1
+        free_at = start + pass_ms(last - first)
+        done[first:last] = [free_at] * (last - first)
+        first = last
+    return done
