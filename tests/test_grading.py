@@ -130,6 +130,10 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
             "            time.sleep(20)\n            os._exit(0)\n        forked += 1\nexcept OSError as e:\n"
             "    print('spawner stopped after', forked, type(e).__name__)\n")}),
         "big_output": S(extra={"effective_bandwidth_gbps": "\nfor _ in range(100):\n    print('x' * 10**6)\n"}),
+        "loud_answer": S(answers={"effective_bandwidth_gbps": (
+            "def effective_bandwidth_gbps(nbytes, ms):\n    if not getattr(effective_bandwidth_gbps, 'said', False):\n"
+            "        print('x' * 1_500_000)\n        effective_bandwidth_gbps.said = True\n"
+            "    return nbytes / ms / 1e6\n")}),  # prints once, over the cap
         "deleted_test": S(drop=("move_batch_tests",)),
         "edited_test": S(answers={"effective_bandwidth_gbps": WRONG["effective_bandwidth_gbps"]},
                          edit={"effective_bandwidth_gbps_tests": "pass\n"}),
@@ -299,6 +303,14 @@ def test_sandbox_blocks_reads_writes_and_network(graded):
     text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
     assert text.count("BLOCKED") == 10 and "ALLOWED" not in text, text
     assert not (ROOT / "PWNED").exists() and not (graded["course"] / "PWNED").exists()
+
+
+def test_a_test_whose_output_goes_over_the_cap_says_so_and_is_not_called_tampering(graded):
+    row = graded["rows"]["loud_answer"]
+    assert row["status"] == "graded" and row["flags"] == "", row
+    assert score(graded, "loud_answer") == FULL - 1  # effective_bandwidth_gbps_tests is worth 1 point
+    nb = json.loads((graded["course"] / "autograder" / "autograded" / "loud_answer" / CH / f"{CH}.ipynb").read_text())
+    assert "went over the grader's cap" in json.dumps(nb)
 
 
 def test_resource_limits_stopped_the_bombs(graded):

@@ -247,7 +247,11 @@ def apply_verdicts(nb, nonce: str, status: str, wanted: dict[str, list]) -> list
         elif verdicts[-1] != "ok":
             why = "tampering: " + verdicts[-1].removeprefix("tamper: ")
         if why is None and not any(out.output_type == "error" for out in kept):
-            why = expected.verdicts(wanted.get(grade_id, []), recorded)
+            if any(out.output_type == "stream" and sandbox.TRUNCATED in out.text for out in kept):
+                why = (f"the test's output went over the grader's cap ({sandbox.OUTPUT_CAP:,} characters per cell), "
+                       "so its hidden checks' records were cut off: print less (instructors: record smaller results)")
+            else:
+                why = expected.verdicts(wanted.get(grade_id, []), recorded)
         if why:
             if why.startswith("tampering"):
                 flags.append(f"{grade_id}: {why}")

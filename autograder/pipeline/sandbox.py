@@ -32,6 +32,7 @@ UID_BASE = 61000  # one uid per worker slot, so RLIMIT_NPROC counts each sandbox
 LIMITS = {"memory_mb": 3072, "nproc": 200, "fsize_mb": 64, "cpu_s": 1200, "nofile": 512, "tmp_mb": 256}
 BWRAP, PRLIMIT, SETPRIV = (shutil.which(p) for p in ("bwrap", "prlimit", "setpriv"))
 OUTPUT_CAP = 1_000_000  # characters of output kept per cell; the rest is dropped at the source
+TRUNCATED = "[grader: output truncated]"
 
 
 def _hidden_dirs() -> list[str]:
@@ -312,17 +313,24 @@ def run(job: Path, slot_dir: Path, slot: int, zygote: Zygote) -> dict:
     nb = nbformat.read(job / "prepared.ipynb", as_version=4)
 
     class CappedClient(NotebookClient):
-        """Drops output beyond OUTPUT_CAP characters per cell as it arrives (100 MB of prints stays cheap)."""
+        """Drops output beyond OUTPUT_CAP characters per cell as it arrives (100 MB of prints stays cheap), all
+        but errors and the guard's one-line verdicts: without them a long test would read as tampering."""
         sizes: dict = {}
 
         def output(self, outs, msg, display_id, cell_index):
+            if msg.get("msg_type") == "error":  # a failing test must show its error whatever was printed before
+                return super().output(outs, msg, display_id, cell_index)
             content = msg.get("content", {})
             n = len(content.get("text", "")) + sum(len(str(v)) for v in content.get("data", {}).values())
             before = self.sizes.get(cell_index, 0)
             self.sizes[cell_index] = before + n
             if before + n > OUTPUT_CAP:
                 if before <= OUTPUT_CAP:
-                    return nbformat.v4.new_output("stream", name="stdout", text="\n[grader: output truncated]\n")
+                    outs.append(nbformat.v4.new_output("stream", name="stdout", text=f"\n{TRUNCATED}\n"))
+                verdicts = [line for line in content.get("text", "").split("\n")
+                            if spec["nonce"] in line and f"{spec['nonce']} check " not in line and len(line) < 1000]
+                if verdicts:
+                    outs.append(nbformat.v4.new_output("stream", name="stdout", text="\n".join(verdicts) + "\n"))
                 return None
             return super().output(outs, msg, display_id, cell_index)
 
