@@ -17,9 +17,12 @@ import textwrap
 
 
 def is_unfinished(thing) -> bool:
-    """True for None and for a function whose body (after its docstring) is only `raise NotImplementedError...`."""
+    """True for None, for a function whose body (after its docstring) is only `raise NotImplementedError...`,
+    and for a class (an exercise that asks for one) with such a method among those it defines."""
     if thing is None:
         return True
+    if inspect.isclass(thing):
+        return any(is_unfinished(member) for member in vars(thing).values() if inspect.isfunction(member))
     if not callable(thing):
         return False
     try:
@@ -61,7 +64,8 @@ def demo_needs(*things) -> bool:
             todo.append(f"finish the exercise{'s' if len(names) > 1 else ''} {', '.join(names)}")
         if len(names) < len(missing):
             todo.append("set your prediction above")
-        print(f"{' and '.join(todo).capitalize()} to see this.")
+        message = " and ".join(todo)
+        print(f"{message[:1].upper()}{message[1:]} to see this.")  # not capitalize(): it lowercases `Zero1Adam`
         return False
     return True
 

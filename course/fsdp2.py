@@ -6,6 +6,12 @@ _fsdp_param.py, `free_storage` / `alloc_storage`). An emulated tensor's Python s
 cannot be resized, so these two do it on the CPU storage inside and give the bytes back to (or take them
 from) the emulated GPU's memory count, which is what makes FSDP's memory saving show in
 `torch.cuda.memory_allocated`.
+
+A DTensor is a wrapper made in C++ from its local tensor's C++ device, which for an emulated tensor is the CPU, so
+it would say `device(type='cpu')` where a GPU box says `cuda:0`, and `torch.optim`'s foreach test
+(`_default_to_fused_or_foreach`: a supported type *on a CUDA device*) would send FSDP's optimizer down its
+per-parameter loop instead of the multi-tensor kernels a GPU runs. `dtensor_patches` makes DTensor report its local
+tensor's device when that tensor is emulated.
 """
 from __future__ import annotations
 
@@ -55,6 +61,32 @@ def free_storage(tensor) -> None:
         storage.resize_(0)
         if tensor._block is not None:
             _recount(tensor._block, 0)
+
+
+DTENSOR_MODULE = "torch.distributed.tensor"
+
+
+def _dtensor_device(original):
+    def device(self):
+        local = self._local_tensor
+        return local.device if isinstance(local, EmulatedTensor) else original.__get__(self)
+    return property(device)
+
+
+def _dtensor_is_cuda(original):
+    def is_cuda(self):
+        local = self._local_tensor
+        return local.is_cuda if isinstance(local, EmulatedTensor) else original.__get__(self)
+    return property(is_cuda)
+
+
+def dtensor_patches() -> list:
+    """(DTensor, replacements) for the emulator to put in place once DTensor is imported, else nothing."""
+    module = sys.modules.get(DTENSOR_MODULE)
+    if module is None or isinstance(module.DTensor.__dict__.get("device"), property):
+        return []
+    dtensor = module.DTensor
+    return [(dtensor, {"device": _dtensor_device(dtensor.device), "is_cuda": _dtensor_is_cuda(dtensor.is_cuda)})]
 
 
 def in_place() -> bool:

@@ -126,7 +126,7 @@ def _to(self, *args, **kwargs):
     else:
         device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
     result = self
-    if device is not None:
+    if device is not None and not _sharded_and_on(self, parse_device(device)):
         result = move(result, parse_device(device), non_blocking)
     if dtype is not None and dtype != result.dtype:
         with torch._C.DisableTorchFunctionSubclass():
@@ -135,6 +135,13 @@ def _to(self, *args, **kwargs):
     if kwargs.get("copy") and result is self:
         result = self.clone()
     return result
+
+
+def _sharded_and_on(tensor, index) -> bool:
+    """A DTensor whose local shard is on emulated GPU `index` already (`clip_grad_norm_` moves its per-shard norms
+    to the first gradient's device): nothing to move, as for a GPU tensor, and its wrapper has no storage to copy."""
+    local = getattr(tensor, "_local_tensor", None)
+    return not isinstance(tensor, EmulatedTensor) and isinstance(local, EmulatedTensor) and local._device_index == index
 
 
 def _in_memory_format(tensor, memory_format):

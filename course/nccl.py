@@ -398,6 +398,8 @@ def _install_sharded_support(emu) -> None:
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
         for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
             emu._patch(target, replacements)  # undone when the emulator stops
+    for target, replacements in fsdp2.dtensor_patches():
+        emu._patch(target, replacements)
     functional_collectives.register()
 
 

@@ -8,6 +8,7 @@ in rank order, and turn a failing or stuck rank into one error that names it.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import pickle
 import socket
@@ -116,6 +117,10 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str 
         mtpg.ProcessLocalGroup.reset()
         mtpg._uninstall_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        # The ranks' process groups sit in reference cycles (DeviceMesh, FSDP's state, DDP's reducer) that only the
+        # cycle collector frees; each holds gloo threads. A notebook calling run_threads a few times would pile up
+        # hundreds of them, and their stacks exhaust a memory-limited kernel (the grading sandbox) long before RAM.
+        gc.collect()
         _threads_lock.release()
     if failures:
         rank, error, trace = failures[0]

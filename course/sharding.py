@@ -101,3 +101,23 @@ def since(trace, start_ms: float) -> list[TraceEvent]:
     """
     start_ns = round(start_ms * 1e6)
     return [e for e in trace if e.start_ns >= start_ns]
+
+
+# The share of a collective's buffer each rank sends over its link in NCCL's ring algorithms: an all-gather
+# or reduce-scatter passes n-1 of the n chunks along, an all-reduce is one of each (the NCCL docs'
+# "Collective operations" and nccl-tests' PERFORMANCE.md: busbw = algbw * (n-1)/n, resp. 2(n-1)/n).
+_RING_SHARE = {"nccl:all_gather": 1, "nccl:reduce_scatter": 1, "nccl:all_reduce": 2}
+
+
+def ring_bytes_sent(trace, device: str, world_size: int) -> int:
+    """Bytes `device` sends in the ring all-gathers, reduce-scatters and all-reduces of `trace` among
+    `world_size` ranks: each collective's buffer (the trace records the full, unsharded size) times
+    (n-1)/n, twice for an all-reduce. What the ZeRO paper calls a rank's communication volume."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be 1 or more; got {world_size}")
+    unknown = {e.name for e in trace if e.kind == "collective" and e.device == device} - set(_RING_SHARE)
+    if unknown:
+        raise ValueError(f"ring_bytes_sent counts all-gathers, reduce-scatters and all-reduces; {device} also ran "
+                         f"{sorted(unknown)}: pass only the part of the trace without them (sharding.since)")
+    return sum(_RING_SHARE[e.name] * e.bytes * (world_size - 1) // world_size
+               for e in trace if e.kind == "collective" and e.device == device)

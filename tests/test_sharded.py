@@ -1,7 +1,9 @@
 """FSDP2, DTensor and functional collectives on emulated GPUs with init_process_group("nccl"): the fixes in
 course/nccl.py, course/functional_collectives.py, course/fsdp2.py and course/backward_hooks.py."""
+import os
 import threading
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -136,3 +138,41 @@ def test_backward_hooks_can_make_cuda_tensors():
             torch.autograd._engine_run_backward = original
         assert seen == [torch.device("cuda:0")]
         assert x.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def _dtensor_devices(rank, world_size):
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    torch.cuda.set_device(rank)
+    model = _mlp().cuda()
+    fully_shard(model, mesh=init_device_mesh("cuda", (world_size,)))
+    params = list(model.parameters())
+    return [str(p.device) for p in params], all(p.is_cuda for p in params), _default_to_fused_or_foreach(params, False)
+
+
+def test_dtensors_on_emulated_gpus_report_their_gpu_and_optimizers_take_the_foreach_path():
+    from torch.distributed.tensor import DTensor
+
+    with course.emulate(gpus=2):
+        results = course.run_threads(_dtensor_devices, 2, backend="nccl")
+    for rank, (devices, is_cuda, (fused, foreach)) in enumerate(results):
+        assert devices == [f"cuda:{rank}"] * 4 and is_cuda
+        assert foreach and not fused  # as on a GPU box: Adam's multi-tensor kernels, not one loop per parameter
+    assert not isinstance(DTensor.__dict__.get("device"), property)  # the emulator gave it back
+
+
+def _os_threads() -> int:
+    return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("Threads:")))
+
+
+def test_run_threads_leaves_no_process_group_threads_behind():
+    """FSDP's and DeviceMesh's process groups sit in reference cycles, each holding gloo threads: run_threads frees
+    them, or a notebook calling it a few times runs out of address space in the memory-limited grading sandbox."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("counts threads through Linux's /proc")
+    with course.emulate(gpus=2):
+        course.run_threads(_fsdp_rank, 2, backend="nccl")  # warm up: threads torch keeps for good
+        before = _os_threads()
+        for _ in range(3):
+            course.run_threads(_fsdp_rank, 2, backend="nccl")
+    assert _os_threads() <= before

@@ -1,4 +1,5 @@
 """course.sharding reads back from the trace exactly the bytes that were copied, and who copied them."""
+import pytest
 import torch
 
 import course
@@ -51,3 +52,28 @@ def test_since_keeps_only_what_ran_after_a_synchronize():
         x[:10].to("cuda:1")
     assert sharding.bytes_copied(emu.trace, "cuda:0", "cuda:1") == 4040
     assert sharding.bytes_copied(sharding.since(emu.trace, start_ms), "cuda:0", "cuda:1") == 40
+
+
+def _three_collectives(rank, world_size):
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    shard = torch.ones(4, device="cuda")
+    full = torch.empty(4 * world_size, device="cuda")
+    dist.all_gather_into_tensor(full, shard)
+    dist.reduce_scatter_tensor(shard, full)
+    dist.all_reduce(full)
+    torch.cuda.synchronize()
+
+
+def test_ring_bytes_sent_counts_what_each_rank_puts_on_its_link():
+    with course.emulate(gpus=3) as emu:
+        course.run_threads(_three_collectives, 3, backend="nccl")
+    full_bytes = 4 * 3 * 4  # 12 fp32 values
+    # all-gather and reduce-scatter: 2 of the 3 chunks each; all-reduce: twice that
+    want = full_bytes * 2 // 3 + full_bytes * 2 // 3 + 2 * full_bytes * 2 // 3
+    assert [sharding.ring_bytes_sent(emu.trace, f"cuda:{r}", 3) for r in range(3)] == [want] * 3
+    assert sharding.ring_bytes_sent(emu.trace, "cuda:0", 1) == 0
+    broadcast = emu.trace + [emu.trace[0]._replace(kind="collective", name="nccl:broadcast", device="cuda:0")]
+    with pytest.raises(ValueError, match="broadcast"):
+        sharding.ring_bytes_sent(broadcast, "cuda:0", 3)
