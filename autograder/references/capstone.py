@@ -1,4 +1,4 @@
-"""Reference answers for the capstone notebook (chapter 9; hidden from learners, see autograder/README.md)."""
+"""Reference answers for the capstone notebook (chapter 10; hidden from learners, see autograder/README.md)."""
 from __future__ import annotations
 
 from course import planning

@@ -1,4 +1,4 @@
-"""Reference answers for the latency-vs-throughput notebook (chapter 8; hidden from learners, see autograder/README.md)."""
+"""Reference answers for the latency-vs-throughput notebook (chapter 9; hidden from learners, see autograder/README.md)."""
 from __future__ import annotations
 
 import torch
