@@ -231,8 +231,10 @@ class _OpInfo:
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
-        # Views and metadata-only ops launch no kernel on a real GPU.
-        self.view_only = func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+        # Views and metadata-only ops launch no kernel on a real GPU (`_unsafe_view` is a view whose schema
+        # does not say so: `linear` and `matmul` reshape their result with it).
+        self.view_only = func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default,
+                                                  torch.ops.aten._unsafe_view.default)
         self.returns_view = any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
         self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
@@ -385,8 +387,12 @@ def run_kernel(emu, func, args, kwargs):
         scratch_ids = {id(t) for t in plain}
         inputs_ready_ns = max([inputs_ready_ns] + [host_scratch_ready(t) for t in plain])
     end_ns = inputs_ready_ns
-    if not info.view_only:
+    if info.view_only:
+        emu.clock.host_advance(costs.HOST_VIEW_NS)
+    else:
         bytes_read = sum(_tensor_nbytes(t) for t in tensors if isinstance(t, EmulatedTensor) or id(t) in scratch_ids)
+        if func is torch.ops.aten.embedding.default:  # a lookup reads the rows it returns, not the whole table
+            bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         first = args[0] if args else None
         if info.overwrites_first and (isinstance(first, EmulatedTensor) or id(first) in scratch_ids):
             bytes_read -= _tensor_nbytes(first)

@@ -8,10 +8,23 @@ from dataclasses import dataclass
 
 GiB = 2**30
 
-# CUDA Graphs blog (https://developer.nvidia.com/blog/cuda-graphs/): launching short kernels back to back
-# costs a few microseconds each on the host; PyTorch's Python + dispatcher path adds to that. 5 us is the
-# order of magnitude the course uses for one eager PyTorch op.
+# ---- the host side of eager PyTorch (charged by course/clock.py as the host issues work) ----
+# Every op that launches a kernel or a copy costs the host Python, the dispatcher and cudaLaunchKernel. The
+# CUDA Graphs blog (https://developer.nvidia.com/blog/cuda-graphs/) times short kernels launched back to back
+# at a few microseconds each before PyTorch's Python + dispatcher path adds to that. The calibration row
+# "fp16 matmul 512^3 on an RTX 4090" of benchmarks/fidelity.py bounds it from above: a loop of bare `a @ b`
+# reached 46.9 TFLOP/s there, 5.7 us per matmul, host included. 5 us per launching op.
 HOST_LAUNCH_OVERHEAD_US = 5.0
+# A view or metadata op (view, transpose, select, split, detach, ...) launches nothing but still goes through
+# Python and the dispatcher: PyTorch's operator micro-benchmark times `split` on CUDA tensors at 2.3-3.4 us
+# from Python (https://github.com/pytorch/pytorch/pull/32194), and the dispatcher alone at ~0.27 us for an
+# empty op called from C++ (https://github.com/pytorch/pytorch/pull/51165, "empty framework overhead
+# benchmark"), as `linear` calls `t` and `view`. Eager transformer code issues about as many views as kernels,
+# so batch-1 decode is host-bound on fast GPUs, as published measurements show (benchmarks/fidelity.py,
+# "eager" rows). The one eager calibration row (gpt-fast's eager Llama-7B on an A100, 25.5 tok/s) asks for
+# far more host time than any per-op figure above explains (it stays ~3x too fast), so this takes the top of
+# the measured range rather than a fit outside it.
+HOST_VIEW_OP_US = 3.4
 
 # `Tensor.pin_memory()` copies a pageable tensor into page-locked memory: a memcpy on the host, before any
 # transfer starts. PyTorch's tutorial on pinned memory (https://docs.pytorch.org/tutorials/intermediate/
@@ -151,6 +164,14 @@ _GPU_LIST = [
     GPU("RTX4090", "NVIDIA GeForce RTX 4090", 24 * GiB, 128, (8, 9),
         {"fp64": 1.3, "fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
         1008.0, 0.9604, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    # L4, https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet : FP32 30.3, TF32 120*,
+    # FP16/BF16 242* TFLOPS (*with sparsity, halved here for dense), 24 GB GDDR6 at 300 GB/s, 72 W, PCIe 4.0 x16.
+    # AD104 with 7,424 CUDA cores = 58 SMs of 128, sm_89 (Ada whitepaper above); FP64 1/64 of FP32.
+    # matmul_efficiency 0.70: no measurement; the 72 W card throttles under tensor-core load like the T4
+    # (assumption).
+    GPU("L4", "NVIDIA L4", 24 * GiB, 58, (8, 9),
+        {"fp64": 0.47, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+        300.0, 0.70, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # T4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
     # : FP32 8.1, mixed FP16/FP32 tensor 65 TFLOPS, 16 GB GDDR6 at 320 GB/s, 2,560 CUDA cores = 40 SMs, sm_75.
     # FP64 is 1/32 of FP32 on Turing (Turing whitepaper,
