@@ -8,7 +8,7 @@ or post) and its configuration.
 The rows are split in two halves by a rule fixed before any error was looked at (see `assign_halves`):
 rows a preset had already been fitted to are "calibration"; every other row alternates held-out,
 calibration, held-out, ... in the order listed within its category (GEMM, device copy, host copy, peer copy,
-all-reduce, all-gather, eager decode, end-to-end). Presets may be fitted to the calibration half only, so the held-out
+all-reduce, all-gather, eager decode, convolution training, end-to-end). Presets may be fitted to the calibration half only, so the held-out
 median and worst error are the headline: the clock is right where it was fitted, and only the error on
 the other half says how right it is elsewhere.
 Run: PYTHONPATH=. python benchmarks/fidelity.py
@@ -270,6 +270,73 @@ def qwen_decode_floor_fraction(gpu: str) -> float:
     return floor_ms / decode_step_ms(gpu, context=2048, **QWEN25_7B)
 
 
+class _Bottleneck(nn.Module):
+    """ResNet-50 v1.5's bottleneck block: 1x1, 3x3 (strided, the v1.5 change), 1x1 convolutions, each with batch
+    norm, and a projection on the skip path where the shape changes."""
+
+    def __init__(self, channels_in: int, width: int, stride: int):
+        super().__init__()
+        channels_out = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(channels_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, channels_out, 1, bias=False), nn.BatchNorm2d(channels_out))
+        self.skip = nn.Identity()
+        if stride != 1 or channels_in != channels_out:
+            self.skip = nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride, bias=False),
+                                      nn.BatchNorm2d(channels_out))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.body(x) + self.skip(x))
+
+
+def _resnet50() -> nn.Sequential:
+    """ResNet-50 v1.5 for 224x224 ImageNet: stem, 3-4-6-3 bottlenecks of width 64-128-256-512, 1000 classes."""
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, 2, 1)]
+    channels = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(_Bottleneck(channels, width, stride if i == 0 else 1))
+            channels = 4 * width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000))
+
+
+def resnet50_training_images_per_s(gpu: str, batch: int, amp: bool) -> float:
+    """Images/s of one ResNet-50 training step as NVIDIA's DeepLearningExamples runs it on one GPU: SGD with
+    momentum 0.875 and weight decay, label smoothing 0.1; AMP means fp16 autocast on channels-last tensors, else
+    fp32 (TF32 where the GPU has it, PyTorch's cuDNN default). Its static loss scaling is left out (a multiply of
+    the loss and one pass over the gradients)."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True):
+            layout = torch.channels_last if amp else torch.contiguous_format
+            model = _resnet50().cuda().to(memory_format=layout)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.256, momentum=0.875, weight_decay=3.0517578125e-05)
+            images = torch.empty(batch, 3, 224, 224, device="cuda").to(memory_format=layout)
+            labels = torch.zeros(batch, dtype=torch.long, device="cuda")
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                    loss = nn.functional.cross_entropy(model(images), labels, label_smoothing=0.1)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+            step()  # the optimizer's momentum buffers are made on the first step
+            ms = _timed_ms(step)
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+    return batch / (ms / 1e3)
+
+
+RN50_DLE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
+            "resnet50v1.5 (README 'Training performance results', 1 GPU, pytorch-21.03; batch sizes from "
+            "ConvNets/configs.yml)")
+
+
 CALIBRATION, HELD_OUT = "calibration", "held-out"
 
 
@@ -312,8 +379,8 @@ TINYGRAD_36 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/36 (4
 
 def _rows() -> list[Row]:
     n10k = 10240
-    gemm, dev, host, peer, ar, ag, e2e, eager = ("gemm", "device copy", "host copy", "peer copy", "all-reduce",
-                                                 "all-gather", "end-to-end", "eager")
+    gemm, dev, host, peer, ar, ag, e2e, eager, conv = ("gemm", "device copy", "host copy", "peer copy",
+                                                       "all-reduce", "all-gather", "end-to-end", "eager", "conv")
     f16 = torch.float16
     return [
         # ---- matmuls (TFLOP/s) ----
@@ -450,6 +517,15 @@ def _rows() -> list[Row]:
         Row(eager, "decode step as a fraction of its memory floor, Qwen-2.5-7B, ctx 2048", "H100 SXM", 0.27,
             "R_floor", PHYSICAL_AI + " (H100: 27% of the analytic memory floor)",
             lambda: qwen_decode_floor_fraction("H100")),
+        # ---- convolution training: ResNet-50 v1.5, one GPU ----
+        Row(conv, "ResNet-50 training, TF32, batch 256, NCHW", "A100 SXM 80GB (DGX A100)", 938, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("A100-80GB", 256, amp=False)),
+        Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "A100 SXM 80GB (DGX A100)", 2470, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("A100-80GB", 256, amp=True)),
+        Row(conv, "ResNet-50 training, FP32, batch 112, NCHW", "V100 SXM2 32GB (DGX-1)", 356, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("V100", 112, amp=False)),
+        Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "V100 SXM2 32GB (DGX-1)", 1156, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("V100", 256, amp=True)),
         # ---- DDP ----
         Row(e2e, "DDP weak scaling 1->8 GPUs, BERT-large, TF32", "8x A100 80GB (DGX A100)", 7.90, "x",
             "NVIDIA DeepLearningExamples PyTorch/LanguageModeling/BERT README (pre-training, seq 128)",

@@ -372,6 +372,8 @@ def run_kernel(emu, func, args, kwargs):
         raise NotImplementedError(
             f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
+    if func._overloadpacket in _CONV_OPS and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
+        out = _channels_last_like_cudnn(out, un_args)
     multiple = isinstance(out, (tuple, list))
     flat_out = list(out) if multiple else [out]
 
@@ -418,6 +420,19 @@ def run_kernel(emu, func, args, kwargs):
     return type(out)(wrapped) if multiple else wrapped[0]
 
 
+_CONV_OPS = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+
+
+def _channels_last_like_cudnn(out, args):
+    """Shape-only convolutions come back channels-first; cuDNN's come back channels-last when the image or the
+    weight is (`cudnn_conv_suggest_memory_format`), and later layers' costs depend on it."""
+    images = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if not any(a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous() for a in images):
+        return out
+    fix = lambda o: o.contiguous(memory_format=torch.channels_last) if isinstance(o, torch.Tensor) and o.dim() == 4 else o
+    return type(out)(fix(o) for o in out) if isinstance(out, (tuple, list)) else fix(out)
+
+
 def _crosses_devices(tensors) -> bool:
     devices = {t._device_index if isinstance(t, EmulatedTensor) else CPU for t in tensors[:2]}
     return len(devices) > 1
@@ -457,7 +472,9 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
             allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
                           else torch.backends.cuda.matmul.allow_tf32)
     gemm = costs.gemm_shape(func, args, kwargs, out) if info.tensor_cores else None
+    image = args[1] if info.cudnn and func._overloadpacket is torch.ops.aten.convolution_backward else args[0]
+    channels_last = not info.cudnn or image.dim() != 4 or image.is_contiguous(memory_format=torch.channels_last)
     duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, info.tensor_cores, allow_tf32,
-                               gemm)
+                               gemm, info.cudnn, channels_last)
     return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
                             inputs_ready_ns, flops=flops, nbytes=bytes_read + bytes_written)

@@ -76,6 +76,23 @@ GEMM_SPLIT_K_MIN = 1024
 GEMM_MMA_ROWS = 16
 GEMM_SKINNY_SPEED = 0.8
 
+# ---- convolutions on tensor cores (course/costs.py `kernel_ns`, conv=True) ----
+# cuDNN runs a convolution as an implicit GEMM that gathers its operands from the image as it goes; with few
+# channels (64 in ResNet-50's first stages) and its weight- and data-gradient kernels it reaches a smaller share
+# of the tensor cores' peak than a cuBLAS GEMM. Fitted on the calibration half of benchmarks/fidelity.py only:
+# NVIDIA's ResNet-50 v1.5 training throughput with AMP (fp16, channels-last) on one A100 80GB (2470 img/s) and
+# one V100 32GB (1156 img/s) (https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/
+# ConvNets/resnet50v1.5, "Training performance results"). A grid over 0.40-0.50 put the squared log error of
+# those two rows lowest at 0.45-0.46 (A100 +4%, V100 -4% at 0.45). Convolutions that do not use tensor cores
+# (fp32 on V100, where cuDNN has fast native kernels) keep matmul_efficiency alone.
+CONV_TENSOR_CORE_EFFICIENCY = 0.45
+# Tensor cores convolve channels-last (NHWC) data; given channels-first (NCHW) tensors, cuDNN transposes them to
+# NHWC and the result back, an extra pass that reads and writes every tensor the convolution touches (PyTorch's
+# channels-last tutorial, https://docs.pytorch.org/tutorials/intermediate/memory_format_tutorial.html, and
+# NVIDIA's convolution performance guide, https://docs.nvidia.com/deeplearning/performance/
+# dl-performance-convolutional/index.html, "Tensor Layouts In Memory: NCHW vs NHWC").
+CONV_NCHW_TRANSPOSE_PASSES = 1
+
 
 @dataclass(frozen=True)
 class GPU:

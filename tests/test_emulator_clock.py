@@ -291,3 +291,17 @@ def test_an_embedding_lookup_reads_its_rows_not_the_table():
         lookup = _kernels(emu, "aten::embedding")[0]
         row_bytes = out.numel() * out.element_size()
         assert lookup.bytes == 2 * row_bytes + tokens.numel() * tokens.element_size()
+
+
+def test_shape_only_convolutions_keep_channels_last_as_cudnn_does():
+    """cuDNN returns channels-last results for channels-last inputs, forward and backward; shape-only mode must
+    too, or every later layer would be costed as channels-first."""
+    with course.emulate(gpus=1, materialize=False) as emu:
+        conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+        x = torch.empty(4, 16, 8, 8, device="cuda:0", requires_grad=True).to(memory_format=torch.channels_last)
+        y = conv(x)
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        y.sum().backward()
+        assert _kernels(emu, "aten::convolution_backward")
+        plain = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()(torch.empty(4, 16, 8, 8, device="cuda:0"))
+        assert plain.is_contiguous()

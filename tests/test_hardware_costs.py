@@ -255,3 +255,20 @@ def test_results_are_deterministic_ints():
         assert type(first) is int and first > 0
         assert all(call() == first for _ in range(3))
     assert type(costs.HOST_LAUNCH_NS) is int and costs.HOST_LAUNCH_NS > 0
+
+
+def test_tensor_core_convolutions_run_below_gemm_speed_and_pay_for_nchw():
+    """A convolution on tensor cores reaches CONV_TENSOR_CORE_EFFICIENCY of a GEMM's rate; on channels-first data
+    it also pays cuDNN's transposes to NHWC and back; fp32 on a V100 (no tensor cores for it) keeps GEMM speed."""
+    a100, v100 = hardware.gpu("A100-80GB"), hardware.gpu("V100")
+    flops, nbytes = 10**12, 10**8
+    half = dict(dtype=torch.float16, tensor_cores=True, allow_tf32=False)
+    gemm_ns = costs.kernel_ns(a100, flops, nbytes, **half) - a100.kernel_min_us * 1000
+    conv_ns = costs.kernel_ns(a100, flops, nbytes, **half, conv=True) - a100.kernel_min_us * 1000
+    assert conv_ns == pytest.approx(gemm_ns / hardware.CONV_TENSOR_CORE_EFFICIENCY, rel=1e-6)
+    nchw_ns = costs.kernel_ns(a100, flops, nbytes, **half, conv=True, channels_last=False) - a100.kernel_min_us * 1000
+    bandwidth = a100.memory_bandwidth_gbps * a100.memory_efficiency  # bytes per ns
+    assert nchw_ns == pytest.approx(conv_ns + 2 * nbytes / bandwidth, rel=1e-6)
+    fp32 = dict(dtype=torch.float32, tensor_cores=True, allow_tf32=True)
+    assert costs.kernel_ns(v100, flops, nbytes, **fp32, conv=True, channels_last=False) == costs.kernel_ns(
+        v100, flops, nbytes, **fp32)
