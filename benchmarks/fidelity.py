@@ -118,6 +118,14 @@ def peer_copy_gbps(gpu: str, link: str, nbytes: int) -> float:
     return nbytes / (ms / 1e3) / GB
 
 
+def machine_peer_copy_gbps(machine: str, src: int, dst: int, nbytes: int) -> float:
+    """GB/s of one copy from GPU src to GPU dst of a machine preset, over the NVLinks that join that pair."""
+    with course.emulate(machine=machine, materialize=False, force=True):
+        tensor = torch.empty(nbytes, device=f"cuda:{src}", dtype=torch.uint8)
+        ms = _timed_ms(lambda: tensor.to(f"cuda:{dst}"))
+    return nbytes / (ms / 1e3) / GB
+
+
 def allreduce_us(gpu: str, link: str, num_gpus: int, nbytes: int) -> float:
     """Microseconds of one `torch.cuda.nccl.all_reduce` of nbytes per GPU (nccl-tests' "time" column)."""
     with course.emulate(gpus=num_gpus, gpu=gpu, link=link, materialize=False, force=True):
@@ -464,6 +472,11 @@ def _rows() -> list[Row]:
         Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2)", "HGX H100 SXM, NVLink 4",
             376.65, "GB/s", "https://github.com/NVIDIA/nccl/issues/1264 (first post, P2P=Enabled Writes matrix)",
             lambda: peer_copy_gbps("H100", "nvlink4", 40_000_000 * 4)),
+        Row(peer, "P2P unidirectional, 2 NVLink 2 bricks between the pair (ours: DGX-1V GPU0->GPU3, 2 bricks)",
+            "4x V100-SXM2 (PowerEdge C4130 config K)", 47.88, "GB/s",
+            "Dell EMC Ready Solutions for AI, Deep Learning with NVIDIA, reference guide v1.0, section 3.1 Table 3 "
+            "(p2pBandwidthLatencyTest, unidirectional P2P=Enabled)",
+            lambda: machine_peer_copy_gbps("DGX-1V", 0, 3, 40_000_000 * 4)),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",

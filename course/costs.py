@@ -9,8 +9,8 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
-                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link)
+from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
+                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
 
 aten = torch.ops.aten
 
@@ -146,6 +146,18 @@ def copy_ns(link: Link, nbytes: int, pinned: bool = True) -> int:
     """
     efficiency = link.efficiency if pinned else link.pageable_efficiency
     return math.ceil(link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * efficiency))
+
+
+def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: int, nbytes: int) -> int:
+    """A copy between two GPUs of a machine preset, over the NVLink bricks that join them.
+
+    k bricks carry k x NVLINK2_BRICK_GBPS at NVLINK_P2P_COPY_EFFICIENCY; a pair with none goes through host
+    memory, down one PCIe link and up another (pipelined: the host link's rate, twice its latency).
+    """
+    bricks = machine.bricks_between(src, dst)
+    if bricks == 0:
+        return copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)
+    return math.ceil(link.latency_us * 1000 + nbytes / (bricks * NVLINK2_BRICK_GBPS * NVLINK_P2P_COPY_EFFICIENCY))
 
 
 def host_copy_ns(nbytes: int) -> int:

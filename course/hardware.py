@@ -247,8 +247,52 @@ _LINK_LIST = [
          _NVLINK4_NVLS_BUSBW_GBPS),
 ]
 
+# ---- machines people rent: which GPU pairs share how many NVLinks (course/costs.py `peer_copy_ns`) ----
+# One NVLink 2 brick carries 25 GB/s per direction; a V100-SXM2 has six (the nvlink2 Link above is all six).
+NVLINK2_BRICK_GBPS = 25.0
+# A copy between two GPUs over k bricks reaches this fraction of k x 25 GB/s: fitted on the calibration row
+# "P2P unidirectional, 2 NVLinks" of benchmarks/fidelity.py (Dell EMC PowerEdge C4130 configuration K, four
+# V100-SXM2 with two bricks between every pair: p2pBandwidthLatencyTest 47.88 of 50 GB/s, Dell EMC Ready
+# Solutions for AI Deep Learning with NVIDIA reference guide v1.0, section 3.1, Table 3).
+NVLINK_P2P_COPY_EFFICIENCY = 47.88 / 50.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine preset: its GPU, how many, its host link, and the NVLink bricks between each pair of GPUs.
+
+    Pairs with no NVLink copy through host memory, down one PCIe link and up another (CUDA stages a peer copy
+    through the host when the GPUs cannot access each other's memory directly).
+    """
+
+    key: str
+    gpu: str
+    num_gpus: int
+    link: str
+    host_link: str
+    nvlink_bricks: tuple[tuple[int, int, int], ...]
+
+    def bricks_between(self, a: int, b: int) -> int:
+        for i, j, count in self.nvlink_bricks:
+            if {i, j} == {a, b}:
+                return count
+        return 0
+
+
+_MACHINE_LIST = [
+    # DGX-1 with V100 (hybrid cube mesh): NCCL's topology dump of a DGX-1V in https://github.com/NVIDIA/nccl/
+    # issues/671 lists each GPU's NVLink targets and counts (GPU0: GPU1 x1, GPU2 x1, GPU3 x2, GPU4 x2; six bricks
+    # per GPU), and "Evaluating Modern GPU Interconnect" (arXiv 1903.04611, DGX-1 figure) draws the same cube
+    # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU (DGX-1 datasheet,
+    # https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf).
+    Machine("DGX-1V", "V100", 8, "nvlink2", "pcie3", (
+        (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
+        (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2))),
+]
+
 GPUS: dict[str, GPU] = {g.key: g for g in _GPU_LIST}
 LINKS: dict[str, Link] = {ln.key: ln for ln in _LINK_LIST}
+MACHINES: dict[str, Machine] = {m.key: m for m in _MACHINE_LIST}
 
 
 def _lookup(kind: str, presets: dict, key: str):
@@ -262,6 +306,11 @@ def _lookup(kind: str, presets: dict, key: str):
 def gpu(key: str | GPU) -> GPU:
     """The GPU preset named key (a GPU passes through, so callers can take either)."""
     return key if isinstance(key, GPU) else _lookup("GPU", GPUS, key)
+
+
+def machine(key: str | Machine) -> Machine:
+    """The Machine preset named key (a Machine passes through)."""
+    return key if isinstance(key, Machine) else _lookup("machine", MACHINES, key)
 
 
 def link(key: str | Link) -> Link:

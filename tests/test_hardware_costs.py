@@ -272,3 +272,35 @@ def test_tensor_core_convolutions_run_below_gemm_speed_and_pay_for_nchw():
     fp32 = dict(dtype=torch.float32, tensor_cores=True, allow_tf32=True)
     assert costs.kernel_ns(v100, flops, nbytes, **fp32, conv=True, channels_last=False) == costs.kernel_ns(
         v100, flops, nbytes, **fp32)
+
+
+def test_dgx1v_cube_mesh_gives_every_gpu_six_nvlink_bricks():
+    """The DGX-1V preset's hybrid cube mesh: six NVLink 2 bricks per V100, one or two per joined pair, none for
+    the rest, the same seen from either end."""
+    dgx1 = hardware.machine("DGX-1V")
+    for gpu_index in range(dgx1.num_gpus):
+        bricks = [dgx1.bricks_between(gpu_index, other) for other in range(dgx1.num_gpus) if other != gpu_index]
+        assert sum(bricks) == 6 and sorted(set(bricks)) == [0, 1, 2]
+    assert all(dgx1.bricks_between(a, b) == dgx1.bricks_between(b, a) for a in range(8) for b in range(8))
+
+
+def test_peer_copies_follow_the_bricks_between_the_pair():
+    """Two bricks copy twice as fast as one; a pair without NVLink goes through host memory over PCIe."""
+    dgx1 = hardware.machine("DGX-1V")
+    nvlink2, pcie3 = hardware.link("nvlink2"), hardware.link("pcie3")
+    nbytes = 2**30
+    one, two, none = (costs.peer_copy_ns(dgx1, nvlink2, pcie3, 0, dst, nbytes) for dst in (1, 3, 5))
+    assert two < one < none
+    assert (one - nvlink2.latency_us * 1000) == pytest.approx(2 * (two - nvlink2.latency_us * 1000), rel=1e-6)
+    assert none > costs.copy_ns(pcie3, nbytes, pinned=True)
+
+
+def test_emulating_a_machine_takes_its_gpus_and_refuses_more():
+    import course
+
+    with course.emulate(machine="DGX-1V", materialize=False) as emu:
+        assert emu.num_gpus == 8 and emu.gpu.key == "V100" and emu.link.key == "nvlink2"
+    with pytest.raises(ValueError, match="DGX-1V has 8 GPUs"):
+        course.emulate(gpus=9, machine="DGX-1V")
+    with pytest.raises(ValueError, match="choose one of: DGX-1V"):
+        course.emulate(machine="DGX-2")
