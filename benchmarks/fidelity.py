@@ -8,7 +8,7 @@ or post) and its configuration.
 The rows are split in two halves by a rule fixed before any error was looked at (see `assign_halves`):
 rows a preset had already been fitted to are "calibration"; every other row alternates held-out,
 calibration, held-out, ... in the order listed within its category (GEMM, device copy, host copy, peer copy,
-all-reduce, all-gather, end-to-end). Presets may be fitted to the calibration half only, so the held-out
+all-reduce, all-gather, eager decode, convolution training, end-to-end). Presets may be fitted to the calibration half only, so the held-out
 median and worst error are the headline: the clock is right where it was fitted, and only the error on
 the other half says how right it is elsewhere.
 Run: PYTHONPATH=. python benchmarks/fidelity.py
@@ -118,6 +118,14 @@ def peer_copy_gbps(gpu: str, link: str, nbytes: int) -> float:
     return nbytes / (ms / 1e3) / GB
 
 
+def machine_peer_copy_gbps(machine: str, src: int, dst: int, nbytes: int) -> float:
+    """GB/s of one copy from GPU src to GPU dst of a machine preset, over the NVLinks that join that pair."""
+    with course.emulate(machine=machine, materialize=False, force=True):
+        tensor = torch.empty(nbytes, device=f"cuda:{src}", dtype=torch.uint8)
+        ms = _timed_ms(lambda: tensor.to(f"cuda:{dst}"))
+    return nbytes / (ms / 1e3) / GB
+
+
 def allreduce_us(gpu: str, link: str, num_gpus: int, nbytes: int) -> float:
     """Microseconds of one `torch.cuda.nccl.all_reduce` of nbytes per GPU (nccl-tests' "time" column)."""
     with course.emulate(gpus=num_gpus, gpu=gpu, link=link, materialize=False, force=True):
@@ -133,6 +141,208 @@ def allgather_busbw_gbps(gpu: str, link: str, num_gpus: int, nbytes: int) -> flo
         outputs = [torch.empty(nbytes // 4, device=f"cuda:{i}") for i in range(num_gpus)]
         ms = _timed_ms(lambda: torch.cuda.nccl.all_gather(inputs, outputs))
     return nbytes / (ms / 1e3) * (num_gpus - 1) / num_gpus / GB
+
+
+class _RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 and cast back, op for op as Llama-style eager code writes it."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _DecoderLayer(nn.Module):
+    """One Llama/Qwen-style decoder layer for a batch-1 decode step: GQA attention over a KV cache, SwiGLU MLP.
+
+    `fused_qkv` projects q, k, v with one linear (gpt-fast) or three (Hugging Face); `static_cache` writes the new
+    key and value into a preallocated cache (gpt-fast) or concatenates them onto the cache (a dynamic cache).
+    """
+
+    def __init__(self, width, heads, kv_heads, ffn, context, fused_qkv, qkv_bias, static_cache):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
+        kv_width = kv_heads * self.head_dim
+        self.fused_qkv, self.static_cache = fused_qkv, static_cache
+        if fused_qkv:
+            self.qkv = nn.Linear(width, width + 2 * kv_width, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(width, width, bias=qkv_bias)
+            self.k = nn.Linear(width, kv_width, bias=qkv_bias)
+            self.v = nn.Linear(width, kv_width, bias=qkv_bias)
+        self.o = nn.Linear(width, width, bias=False)
+        self.gate, self.up = nn.Linear(width, ffn, bias=False), nn.Linear(width, ffn, bias=False)
+        self.down = nn.Linear(ffn, width, bias=False)
+        self.norm1, self.norm2 = _RMSNorm(width), _RMSNorm(width)
+        cache = (1, kv_heads, context + 1 if static_cache else context, self.head_dim)
+        self.register_buffer("k_cache", torch.empty(cache))
+        self.register_buffer("v_cache", torch.empty(cache))
+
+    def forward(self, x, position, cos, sin):
+        width = x.shape[-1]
+        h = self.norm1(x)
+        kv_width = self.kv_heads * self.head_dim
+        if self.fused_qkv:
+            q, k, v = self.qkv(h).split([width, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = self.q(h), self.k(h), self.v(h)
+        q = q.view(1, 1, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if self.static_cache:
+            self.k_cache[:, :, position] = k
+            self.v_cache[:, :, position] = v
+            keys, values = self.k_cache, self.v_cache
+        else:
+            keys, values = torch.cat([self.k_cache, k], dim=2), torch.cat([self.v_cache, v], dim=2)
+        group = self.heads // self.kv_heads
+        if group > 1:  # grouped-query attention: every query head needs its key/value head
+            keys = keys[:, :, None].expand(1, self.kv_heads, group, *keys.shape[2:]).reshape(1, self.heads, -1,
+                                                                                           self.head_dim)
+            values = values[:, :, None].expand(1, self.kv_heads, group, *values.shape[2:]).reshape(
+                1, self.heads, -1, self.head_dim)
+        y = nn.functional.scaled_dot_product_attention(q, keys, values)
+        x = x + self.o(y.transpose(1, 2).reshape(1, 1, width))
+        h = self.norm2(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def decode_step_ms(gpu: str, layers: int, width: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+                   context: int, fused_qkv: bool, qkv_bias: bool, static_cache: bool) -> float:
+    """Simulated milliseconds of one eager batch-1 decode step (bf16, no_grad) after `context` tokens.
+
+    From one synchronisation to the next, as a generation loop that picks each token before the next step
+    spends it: the host issues every op of the step, and the GPU runs them as they come.
+    """
+    with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True), torch.no_grad():
+        with torch.device("cuda:0"):
+            embed = nn.Embedding(vocab, width).to(torch.bfloat16)
+            blocks = [_DecoderLayer(width, heads, kv_heads, ffn, context, fused_qkv, qkv_bias, static_cache)
+                      .to(torch.bfloat16) for _ in range(layers)]
+            norm, head = _RMSNorm(width).to(torch.bfloat16), nn.Linear(width, vocab, bias=False).to(torch.bfloat16)
+            rope = torch.empty(context + 1, width // heads, dtype=torch.bfloat16)
+            token, position = torch.zeros(1, 1, dtype=torch.long), torch.tensor([context])
+
+        def step():
+            cos, sin = rope[position], rope[position]
+            x = embed(token)
+            for block in blocks:
+                x = block(x, position, cos, sin)
+            return torch.argmax(head(norm(x))[:, -1], dim=-1)
+
+        return _timed_ms(step)
+
+
+def decode_weight_bytes(layers, width, heads, kv_heads, ffn, vocab, qkv_bias) -> int:
+    """bf16 bytes of a decoder's weights (embedding and output head untied), as a memory floor counts them."""
+    kv_width = kv_heads * width // heads
+    per_layer = width * (width + 2 * kv_width) + width * width + 3 * width * ffn + 2 * width
+    per_layer += (width + 2 * kv_width) if qkv_bias else 0
+    return 2 * (layers * per_layer + 2 * vocab * width + width)
+
+
+# Qwen-2.5-7B (https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json): 28 layers, hidden 3584, 28 query
+# heads, 4 key/value heads, intermediate 18944, vocab 152064, q/k/v biases; Hugging Face's eager code path
+# (separate q/k/v projections, a dynamic KV cache grown by concatenation).
+QWEN25_7B = dict(layers=28, width=3584, heads=28, kv_heads=4, ffn=18944, vocab=152064, fused_qkv=False,
+                 qkv_bias=True, static_cache=False)
+# Llama-2-7B as gpt-fast runs it (https://github.com/pytorch-labs/gpt-fast, model.py "7B": 32 layers, dim 4096,
+# 32 heads, intermediate 11008, vocab 32000; fused wqkv, a static KV cache written in place).
+LLAMA2_7B_GPT_FAST = dict(layers=32, width=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, fused_qkv=True,
+                          qkv_bias=False, static_cache=True)
+PHYSICAL_AI = ("https://arxiv.org/abs/2605.30571 (abstract: batch-1 decode, bf16, SDPA, Hugging Face eager, "
+               "Qwen-2.5-7B, ctx 2048)")
+GPT_FAST_BLOG = ("https://pytorch.org/blog/accelerating-generative-ai-2/ ('Starting Point (25.5 tok/s)': eager "
+                 "Llama-7B, batch 1, A100-80GB power-limited to 330 W)")
+
+
+def qwen_decode_floor_fraction(gpu: str) -> float:
+    """The paper's R_floor: (weights + KV cache bytes) / peak bandwidth, over the simulated decode step."""
+    from course.hardware import gpu as gpu_preset
+
+    q = QWEN25_7B
+    kv_bytes = 2 * q["layers"] * 2 * q["kv_heads"] * (q["width"] // q["heads"]) * 2048
+    weights = decode_weight_bytes(q["layers"], q["width"], q["heads"], q["kv_heads"], q["ffn"], q["vocab"],
+                                  q["qkv_bias"])
+    floor_ms = (weights + kv_bytes) / (gpu_preset(gpu).memory_bandwidth_gbps * 1e9) * 1e3
+    return floor_ms / decode_step_ms(gpu, context=2048, **QWEN25_7B)
+
+
+class _Bottleneck(nn.Module):
+    """ResNet-50 v1.5's bottleneck block: 1x1, 3x3 (strided, the v1.5 change), 1x1 convolutions, each with batch
+    norm, and a projection on the skip path where the shape changes."""
+
+    def __init__(self, channels_in: int, width: int, stride: int):
+        super().__init__()
+        channels_out = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(channels_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, channels_out, 1, bias=False), nn.BatchNorm2d(channels_out))
+        self.skip = nn.Identity()
+        if stride != 1 or channels_in != channels_out:
+            self.skip = nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride, bias=False),
+                                      nn.BatchNorm2d(channels_out))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.body(x) + self.skip(x))
+
+
+def _resnet50() -> nn.Sequential:
+    """ResNet-50 v1.5 for 224x224 ImageNet: stem, 3-4-6-3 bottlenecks of width 64-128-256-512, 1000 classes."""
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, 2, 1)]
+    channels = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(_Bottleneck(channels, width, stride if i == 0 else 1))
+            channels = 4 * width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000))
+
+
+def resnet50_training_images_per_s(gpu: str, batch: int, amp: bool) -> float:
+    """Images/s of one ResNet-50 training step as NVIDIA's DeepLearningExamples runs it on one GPU: SGD with
+    momentum 0.875 and weight decay, label smoothing 0.1; AMP means fp16 autocast on channels-last tensors, else
+    fp32 (TF32 where the GPU has it, PyTorch's cuDNN default). Its static loss scaling is left out (a multiply of
+    the loss and one pass over the gradients)."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True):
+            layout = torch.channels_last if amp else torch.contiguous_format
+            model = _resnet50().cuda().to(memory_format=layout)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.256, momentum=0.875, weight_decay=3.0517578125e-05)
+            images = torch.empty(batch, 3, 224, 224, device="cuda").to(memory_format=layout)
+            labels = torch.zeros(batch, dtype=torch.long, device="cuda")
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                    loss = nn.functional.cross_entropy(model(images), labels, label_smoothing=0.1)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+            step()  # the optimizer's momentum buffers are made on the first step
+            ms = _timed_ms(step)
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+    return batch / (ms / 1e3)
+
+
+RN50_DLE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
+            "resnet50v1.5 (README 'Training performance results', 1 GPU, pytorch-21.03; batch sizes from "
+            "ConvNets/configs.yml)")
 
 
 CALIBRATION, HELD_OUT = "calibration", "held-out"
@@ -177,8 +387,8 @@ TINYGRAD_36 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/36 (4
 
 def _rows() -> list[Row]:
     n10k = 10240
-    gemm, dev, host, peer, ar, ag, e2e = ("gemm", "device copy", "host copy", "peer copy", "all-reduce",
-                                          "all-gather", "end-to-end")
+    gemm, dev, host, peer, ar, ag, e2e, eager, conv = ("gemm", "device copy", "host copy", "peer copy",
+                                                       "all-reduce", "all-gather", "end-to-end", "eager", "conv")
     f16 = torch.float16
     return [
         # ---- matmuls (TFLOP/s) ----
@@ -262,6 +472,11 @@ def _rows() -> list[Row]:
         Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2)", "HGX H100 SXM, NVLink 4",
             376.65, "GB/s", "https://github.com/NVIDIA/nccl/issues/1264 (first post, P2P=Enabled Writes matrix)",
             lambda: peer_copy_gbps("H100", "nvlink4", 40_000_000 * 4)),
+        Row(peer, "P2P unidirectional, 2 NVLink 2 bricks between the pair (ours: DGX-1V GPU0->GPU3, 2 bricks)",
+            "4x V100-SXM2 (PowerEdge C4130 config K)", 47.88, "GB/s",
+            "Dell EMC Ready Solutions for AI, Deep Learning with NVIDIA, reference guide v1.0, section 3.1 Table 3 "
+            "(p2pBandwidthLatencyTest, unidirectional P2P=Enabled)",
+            lambda: machine_peer_copy_gbps("DGX-1V", 0, 3, 40_000_000 * 4)),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",
@@ -307,6 +522,23 @@ def _rows() -> list[Row]:
             "GB/s", "https://github.com/NVIDIA/nccl-tests/issues/326 (all_gather_perf -b 128M -e 16384M -g 8; "
             "maintainer: 'exactly what we'd expect on H100')",
             lambda: allgather_busbw_gbps("H100", "nvlink4", 8, 16 * 2**30)),
+        # ---- eager batch-1 decode (host-bound where the GPU is fast), by GPU memory bandwidth ----
+        Row(eager, "decode step, Qwen-2.5-7B bf16, batch 1, ctx 2048 (62.32 ms)", "L4", 62.32, "ms",
+            PHYSICAL_AI + " (L4 bf16 baseline)", lambda: decode_step_ms("L4", context=2048, **QWEN25_7B)),
+        Row(eager, "decode tokens/s, Llama-2-7B bf16, batch 1, eager", "A100 SXM 80GB (330 W)", 25.5, "tok/s",
+            GPT_FAST_BLOG, lambda: 1e3 / decode_step_ms("A100-80GB", context=256, **LLAMA2_7B_GPT_FAST)),
+        Row(eager, "decode step as a fraction of its memory floor, Qwen-2.5-7B, ctx 2048", "H100 SXM", 0.27,
+            "R_floor", PHYSICAL_AI + " (H100: 27% of the analytic memory floor)",
+            lambda: qwen_decode_floor_fraction("H100")),
+        # ---- convolution training: ResNet-50 v1.5, one GPU ----
+        Row(conv, "ResNet-50 training, TF32, batch 256, NCHW", "A100 SXM 80GB (DGX A100)", 938, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("A100-80GB", 256, amp=False)),
+        Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "A100 SXM 80GB (DGX A100)", 2470, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("A100-80GB", 256, amp=True)),
+        Row(conv, "ResNet-50 training, FP32, batch 112, NCHW", "V100 SXM2 32GB (DGX-1)", 356, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("V100", 112, amp=False)),
+        Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "V100 SXM2 32GB (DGX-1)", 1156, "img/s", RN50_DLE,
+            lambda: resnet50_training_images_per_s("V100", 256, amp=True)),
         # ---- DDP ----
         Row(e2e, "DDP weak scaling 1->8 GPUs, BERT-large, TF32", "8x A100 80GB (DGX A100)", 7.90, "x",
             "NVIDIA DeepLearningExamples PyTorch/LanguageModeling/BERT README (pre-training, seq 128)",

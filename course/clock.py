@@ -115,6 +115,10 @@ class Clock:
         with self.lock:
             self._events.extend(events)
 
+    def host_advance(self, duration_ns: int) -> None:
+        """The host spends duration_ns on an op that launches nothing (a view), so later launches start later."""
+        self.host_ns = self.host_ns + duration_ns
+
     def host_wait(self, until_ns: int, reason: str) -> None:
         """Block the host until `until_ns`, recording the idle wait on the host lane."""
         with self.lock:

@@ -9,12 +9,13 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_PIN_COPY_GBPS, NCCL_CALL_US,
-                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link)
+from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
+                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
 
 aten = torch.ops.aten
 
 HOST_LAUNCH_NS = round(HOST_LAUNCH_OVERHEAD_US * 1000)
+HOST_VIEW_NS = round(HOST_VIEW_OP_US * 1000)
 
 # torch's registry has no entry for the CPU flash-attention kernels, which are what SDPA dispatches to here.
 # They take (query, key, value, ...) and (grad_out, query, key, value, ...) in (batch, heads, seq, dim)
@@ -112,21 +113,30 @@ def gemm_shape_efficiency(gpu: GPU, batch: int, m: int, n: int, k: int) -> float
 
 
 def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor_cores: bool,
-              allow_tf32: bool, gemm: tuple[int, int, int, int] | None = None) -> int:
+              allow_tf32: bool, gemm: tuple[int, int, int, int] | None = None, conv: bool = False,
+              channels_last: bool = True) -> int:
     """Roofline time of one kernel: compute and memory traffic overlap, so the slower one sets the pace.
 
     time = kernel_min_us + max(flops / (peak * matmul_efficiency * shape), bytes / (bandwidth * memory_efficiency)),
     with matmul_efficiency only for tensor-core ops, and shape = gemm_shape_efficiency(...) when the op's
-    GEMM shape (batch, m, n, k) is given (1 otherwise).
+    GEMM shape (batch, m, n, k) is given (1 otherwise). A convolution (`conv`) that runs on tensor cores
+    reaches CONV_TENSOR_CORE_EFFICIENCY of that rate, and on channels-first tensors (not `channels_last`) pays
+    the transposes to NHWC and back on top: they are separate passes, so their time adds.
     """
     flops_per_s = peak_flops_per_s(gpu, dtype, tensor_cores, allow_tf32)
+    bandwidth = gpu.memory_bandwidth_gbps * 1e9 * gpu.memory_efficiency
+    transpose_s = 0.0
     if tensor_cores:
+        if conv and flops_per_s > gpu.peak_tflops["fp32"] * 1e12:  # this dtype has tensor cores on this GPU
+            flops_per_s *= CONV_TENSOR_CORE_EFFICIENCY
+            if not channels_last:
+                transpose_s = CONV_NCHW_TRANSPOSE_PASSES * 2 * bytes_moved / bandwidth
         flops_per_s *= gpu.matmul_efficiency
         if gemm is not None:
             flops_per_s *= gemm_shape_efficiency(gpu, *gemm)
     compute_s = flops / flops_per_s
-    memory_s = bytes_moved / (gpu.memory_bandwidth_gbps * 1e9 * gpu.memory_efficiency)
-    return math.ceil(gpu.kernel_min_us * 1000 + max(compute_s, memory_s) * 1e9)
+    memory_s = bytes_moved / bandwidth
+    return math.ceil(gpu.kernel_min_us * 1000 + (max(compute_s, memory_s) + transpose_s) * 1e9)
 
 
 def copy_ns(link: Link, nbytes: int, pinned: bool = True) -> int:
@@ -136,6 +146,18 @@ def copy_ns(link: Link, nbytes: int, pinned: bool = True) -> int:
     """
     efficiency = link.efficiency if pinned else link.pageable_efficiency
     return math.ceil(link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * efficiency))
+
+
+def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: int, nbytes: int) -> int:
+    """A copy between two GPUs of a machine preset, over the NVLink bricks that join them.
+
+    k bricks carry k x NVLINK2_BRICK_GBPS at NVLINK_P2P_COPY_EFFICIENCY; a pair with none goes through host
+    memory, down one PCIe link and up another (pipelined: the host link's rate, twice its latency).
+    """
+    bricks = machine.bricks_between(src, dst)
+    if bricks == 0:
+        return copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)
+    return math.ceil(link.latency_us * 1000 + nbytes / (bricks * NVLINK2_BRICK_GBPS * NVLINK_P2P_COPY_EFFICIENCY))
 
 
 def host_copy_ns(nbytes: int) -> int:

@@ -227,19 +227,25 @@ def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_g
 class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
-    __slots__ = ("name", "view_only", "returns_view", "tensor_cores", "cudnn", "overwrites_first")
+    __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
-        # Views and metadata-only ops launch no kernel on a real GPU.
-        self.view_only = func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
-        self.returns_view = any(r.alias_info is not None for r in func._schema.returns)
+        unsafe_view = func is torch.ops.aten._unsafe_view.default
+        # Views, metadata-only ops and uninitialised allocations launch no kernel on a real GPU (`_unsafe_view` is
+        # a view whose schema does not say so: `linear` and `matmul` reshape their result with it; `empty_like`
+        # only asks the caching allocator for memory).
+        self.no_kernel = (func.is_view or unsafe_view or func._overloadpacket in _ALLOCATION_ONLY
+                          or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
+        self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
         self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
         # These write their first argument without reading it: it is not memory traffic in.
         self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
 
 
+_ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
+                    ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided")}
 _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
                     ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
@@ -377,6 +383,8 @@ def run_kernel(emu, func, args, kwargs):
         raise NotImplementedError(
             f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
+    if func._overloadpacket in _CONV_OPS and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
+        out = _channels_last_like_cudnn(out, un_args)
     multiple = isinstance(out, (tuple, list))
     flat_out = list(out) if multiple else [out]
 
@@ -392,8 +400,12 @@ def run_kernel(emu, func, args, kwargs):
         scratch_ids = {id(t) for t in plain}
         inputs_ready_ns = max([inputs_ready_ns] + [host_scratch_ready(t) for t in plain])
     end_ns = inputs_ready_ns
-    if not info.view_only:
+    if info.no_kernel:
+        emu.clock.host_advance(costs.HOST_VIEW_NS)
+    else:
         bytes_read = sum(_tensor_nbytes(t) for t in tensors if isinstance(t, EmulatedTensor) or id(t) in scratch_ids)
+        if func is torch.ops.aten.embedding.default:  # a lookup reads the rows it returns, not the whole table
+            bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         first = args[0] if args else None
         if info.overwrites_first and (isinstance(first, EmulatedTensor) or id(first) in scratch_ids):
             bytes_read -= _tensor_nbytes(first)
@@ -417,6 +429,19 @@ def run_kernel(emu, func, args, kwargs):
             block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
             wrapped.append(wrap(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+_CONV_OPS = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+
+
+def _channels_last_like_cudnn(out, args):
+    """Shape-only convolutions come back channels-first; cuDNN's come back channels-last when the image or the
+    weight is (`cudnn_conv_suggest_memory_format`), and later layers' costs depend on it."""
+    images = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if not any(a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous() for a in images):
+        return out
+    fix = lambda o: o.contiguous(memory_format=torch.channels_last) if isinstance(o, torch.Tensor) and o.dim() == 4 else o
+    return type(out)(fix(o) for o in out) if isinstance(out, (tuple, list)) else fix(out)
 
 
 def _crosses_devices(tensors) -> bool:
@@ -458,7 +483,9 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
             allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
                           else torch.backends.cuda.matmul.allow_tf32)
     gemm = costs.gemm_shape(func, args, kwargs, out) if info.tensor_cores else None
+    image = args[1] if info.cudnn and func._overloadpacket is torch.ops.aten.convolution_backward else args[0]
+    channels_last = not info.cudnn or image.dim() != 4 or image.is_contiguous(memory_format=torch.channels_last)
     duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, info.tensor_cores, allow_tf32,
-                               gemm)
+                               gemm, info.cudnn, channels_last)
     return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
                             inputs_ready_ns, flops=flops, nbytes=bytes_read + bytes_written)

@@ -40,9 +40,15 @@ class Emulator:
 
     mode = "emulated"
 
-    def __init__(self, gpus: int, gpu, link, host_link, materialize: bool):
+    def __init__(self, gpus: int, gpu, link, host_link, materialize: bool, machine=None):
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ValueError(f"gpus must be a whole number of GPUs, 1 or more; got {gpus!r}")
+        self.machine = None if machine is None else hardware.machine(machine)
+        if self.machine is not None:
+            if gpus > self.machine.num_gpus:
+                raise ValueError(f"a {self.machine.key} has {self.machine.num_gpus} GPUs; asked for {gpus}: "
+                                 f"ask for {self.machine.num_gpus} or fewer")
+            gpu, link, host_link = self.machine.gpu, self.machine.link, self.machine.host_link
         self.num_gpus = gpus
         self.gpu = hardware.gpu(gpu)
         self.link = hardware.link(link)
@@ -242,14 +248,18 @@ class RealGPUs:
         return f"<course.RealGPUs {self.describe()}>"
 
 
-def emulate(gpus: int = 4, gpu="A100-80GB", link="nvlink3", host_link="pcie4",
-            materialize: bool = True, force: bool = False) -> Emulator | RealGPUs:
+def emulate(gpus: int | None = None, gpu="A100-80GB", link="nvlink3", host_link="pcie4",
+            materialize: bool = True, force: bool = False, machine=None) -> Emulator | RealGPUs:
     """An emulated machine of `gpus` x `gpu`, peers joined by `link`, host by `host_link`.
 
-    Defaults: 4 A100-80GB on NVLink 3 behind PCIe 4, like a DGX A100 quarter. `materialize=False`
-    computes shapes, times and memory without any values, for what-ifs at real scale. On a machine
-    whose torch sees real GPUs this returns `RealGPUs` and changes nothing, unless `force=True`.
+    Defaults: 4 A100-80GB on NVLink 3 behind PCIe 4, like a DGX A100 quarter, every pair of GPUs with the whole
+    link. `machine="DGX-1V"` (course.hardware.MACHINES) takes the GPU, links and which pairs share how many
+    NVLinks from a real machine, with all its GPUs unless `gpus` asks for fewer. `materialize=False` computes
+    shapes, times and memory without any values, for what-ifs at real scale. On a machine whose torch sees
+    real GPUs this returns `RealGPUs` and changes nothing, unless `force=True`.
     """
     if torch.cuda.is_available() and devices.active is None and not force:
         return RealGPUs()
-    return Emulator(gpus, gpu, link, host_link, materialize)
+    if gpus is None:
+        gpus = hardware.machine(machine).num_gpus if machine is not None else 4
+    return Emulator(gpus, gpu, link, host_link, materialize, machine)

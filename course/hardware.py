@@ -8,10 +8,23 @@ from dataclasses import dataclass
 
 GiB = 2**30
 
-# CUDA Graphs blog (https://developer.nvidia.com/blog/cuda-graphs/): launching short kernels back to back
-# costs a few microseconds each on the host; PyTorch's Python + dispatcher path adds to that. 5 us is the
-# order of magnitude the course uses for one eager PyTorch op.
+# ---- the host side of eager PyTorch (charged by course/clock.py as the host issues work) ----
+# Every op that launches a kernel or a copy costs the host Python, the dispatcher and cudaLaunchKernel. The
+# CUDA Graphs blog (https://developer.nvidia.com/blog/cuda-graphs/) times short kernels launched back to back
+# at a few microseconds each before PyTorch's Python + dispatcher path adds to that. The calibration row
+# "fp16 matmul 512^3 on an RTX 4090" of benchmarks/fidelity.py bounds it from above: a loop of bare `a @ b`
+# reached 46.9 TFLOP/s there, 5.7 us per matmul, host included. 5 us per launching op.
 HOST_LAUNCH_OVERHEAD_US = 5.0
+# A view or metadata op (view, transpose, select, split, detach, ...) launches nothing but still goes through
+# Python and the dispatcher: PyTorch's operator micro-benchmark times `split` on CUDA tensors at 2.3-3.4 us
+# from Python (https://github.com/pytorch/pytorch/pull/32194), and the dispatcher alone at ~0.27 us for an
+# empty op called from C++ (https://github.com/pytorch/pytorch/pull/51165, "empty framework overhead
+# benchmark"), as `linear` calls `t` and `view`. Eager transformer code issues about as many views as kernels,
+# so batch-1 decode is host-bound on fast GPUs, as published measurements show (benchmarks/fidelity.py,
+# "eager" rows). The one eager calibration row (gpt-fast's eager Llama-7B on an A100, 25.5 tok/s) asks for
+# far more host time than any per-op figure above explains (it stays ~3x too fast), so this takes the top of
+# the measured range rather than a fit outside it.
+HOST_VIEW_OP_US = 3.4
 
 # `Tensor.pin_memory()` copies a pageable tensor into page-locked memory: a memcpy on the host, before any
 # transfer starts. PyTorch's tutorial on pinned memory (https://docs.pytorch.org/tutorials/intermediate/
@@ -62,6 +75,23 @@ GEMM_SKINNY_BELOW = 64
 GEMM_SPLIT_K_MIN = 1024
 GEMM_MMA_ROWS = 16
 GEMM_SKINNY_SPEED = 0.8
+
+# ---- convolutions on tensor cores (course/costs.py `kernel_ns`, conv=True) ----
+# cuDNN runs a convolution as an implicit GEMM that gathers its operands from the image as it goes; with few
+# channels (64 in ResNet-50's first stages) and its weight- and data-gradient kernels it reaches a smaller share
+# of the tensor cores' peak than a cuBLAS GEMM. Fitted on the calibration half of benchmarks/fidelity.py only:
+# NVIDIA's ResNet-50 v1.5 training throughput with AMP (fp16, channels-last) on one A100 80GB (2470 img/s) and
+# one V100 32GB (1156 img/s) (https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/
+# ConvNets/resnet50v1.5, "Training performance results"). A grid over 0.40-0.50 put the squared log error of
+# those two rows lowest at 0.45-0.46 (A100 +4%, V100 -4% at 0.45). Convolutions that do not use tensor cores
+# (fp32 on V100, where cuDNN has fast native kernels) keep matmul_efficiency alone.
+CONV_TENSOR_CORE_EFFICIENCY = 0.45
+# Tensor cores convolve channels-last (NHWC) data; given channels-first (NCHW) tensors, cuDNN transposes them to
+# NHWC and the result back, an extra pass that reads and writes every tensor the convolution touches (PyTorch's
+# channels-last tutorial, https://docs.pytorch.org/tutorials/intermediate/memory_format_tutorial.html, and
+# NVIDIA's convolution performance guide, https://docs.nvidia.com/deeplearning/performance/
+# dl-performance-convolutional/index.html, "Tensor Layouts In Memory: NCHW vs NHWC").
+CONV_NCHW_TRANSPOSE_PASSES = 1
 
 
 @dataclass(frozen=True)
@@ -151,6 +181,14 @@ _GPU_LIST = [
     GPU("RTX4090", "NVIDIA GeForce RTX 4090", 24 * GiB, 128, (8, 9),
         {"fp64": 1.3, "fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
         1008.0, 0.9604, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
+    # L4, https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet : FP32 30.3, TF32 120*,
+    # FP16/BF16 242* TFLOPS (*with sparsity, halved here for dense), 24 GB GDDR6 at 300 GB/s, 72 W, PCIe 4.0 x16.
+    # AD104 with 7,424 CUDA cores = 58 SMs of 128, sm_89 (Ada whitepaper above); FP64 1/64 of FP32.
+    # matmul_efficiency 0.70: no measurement; the 72 W card throttles under tensor-core load like the T4
+    # (assumption).
+    GPU("L4", "NVIDIA L4", 24 * GiB, 58, (8, 9),
+        {"fp64": 0.47, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+        300.0, 0.70, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # T4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
     # : FP32 8.1, mixed FP16/FP32 tensor 65 TFLOPS, 16 GB GDDR6 at 320 GB/s, 2,560 CUDA cores = 40 SMs, sm_75.
     # FP64 is 1/32 of FP32 on Turing (Turing whitepaper,
@@ -209,8 +247,52 @@ _LINK_LIST = [
          _NVLINK4_NVLS_BUSBW_GBPS),
 ]
 
+# ---- machines people rent: which GPU pairs share how many NVLinks (course/costs.py `peer_copy_ns`) ----
+# One NVLink 2 brick carries 25 GB/s per direction; a V100-SXM2 has six (the nvlink2 Link above is all six).
+NVLINK2_BRICK_GBPS = 25.0
+# A copy between two GPUs over k bricks reaches this fraction of k x 25 GB/s: fitted on the calibration row
+# "P2P unidirectional, 2 NVLinks" of benchmarks/fidelity.py (Dell EMC PowerEdge C4130 configuration K, four
+# V100-SXM2 with two bricks between every pair: p2pBandwidthLatencyTest 47.88 of 50 GB/s, Dell EMC Ready
+# Solutions for AI Deep Learning with NVIDIA reference guide v1.0, section 3.1, Table 3).
+NVLINK_P2P_COPY_EFFICIENCY = 47.88 / 50.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine preset: its GPU, how many, its host link, and the NVLink bricks between each pair of GPUs.
+
+    Pairs with no NVLink copy through host memory, down one PCIe link and up another (CUDA stages a peer copy
+    through the host when the GPUs cannot access each other's memory directly).
+    """
+
+    key: str
+    gpu: str
+    num_gpus: int
+    link: str
+    host_link: str
+    nvlink_bricks: tuple[tuple[int, int, int], ...]
+
+    def bricks_between(self, a: int, b: int) -> int:
+        for i, j, count in self.nvlink_bricks:
+            if {i, j} == {a, b}:
+                return count
+        return 0
+
+
+_MACHINE_LIST = [
+    # DGX-1 with V100 (hybrid cube mesh): NCCL's topology dump of a DGX-1V in https://github.com/NVIDIA/nccl/
+    # issues/671 lists each GPU's NVLink targets and counts (GPU0: GPU1 x1, GPU2 x1, GPU3 x2, GPU4 x2; six bricks
+    # per GPU), and "Evaluating Modern GPU Interconnect" (arXiv 1903.04611, DGX-1 figure) draws the same cube
+    # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU (DGX-1 datasheet,
+    # https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf).
+    Machine("DGX-1V", "V100", 8, "nvlink2", "pcie3", (
+        (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
+        (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2))),
+]
+
 GPUS: dict[str, GPU] = {g.key: g for g in _GPU_LIST}
 LINKS: dict[str, Link] = {ln.key: ln for ln in _LINK_LIST}
+MACHINES: dict[str, Machine] = {m.key: m for m in _MACHINE_LIST}
 
 
 def _lookup(kind: str, presets: dict, key: str):
@@ -224,6 +306,11 @@ def _lookup(kind: str, presets: dict, key: str):
 def gpu(key: str | GPU) -> GPU:
     """The GPU preset named key (a GPU passes through, so callers can take either)."""
     return key if isinstance(key, GPU) else _lookup("GPU", GPUS, key)
+
+
+def machine(key: str | Machine) -> Machine:
+    """The Machine preset named key (a Machine passes through)."""
+    return key if isinstance(key, Machine) else _lookup("machine", MACHINES, key)
 
 
 def link(key: str | Link) -> Link:

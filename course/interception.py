@@ -73,6 +73,9 @@ def _unwrap(value):
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 
 
+_UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
+
+
 def _create_on_device(func, device, args, kwargs):
     """A factory call aimed at a fake GPU: make the tensor on the CPU (or meta) and move it there."""
     emu = current_emulator(f"torch.{getattr(func, '__name__', func)}")
@@ -93,7 +96,7 @@ def _create_on_device(func, device, args, kwargs):
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
                                           nbytes=nbytes, peer="cpu")
         emu.clock.host_wait(block.ready_ns, "wait for copy cpu->cuda")
-    else:
+    elif getattr(func, "__name__", "") not in _UNINITIALISED:  # torch.empty only asks the allocator for memory
         duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)

@@ -81,7 +81,8 @@ def charge_copy(emu, src: int, dst: int, nbytes: int, ready_ns: int, pinned=Fals
             duration = costs.device_copy_ns(emu.gpu, nbytes)
             also_on = ()
         else:
-            duration = costs.copy_ns(emu.link, nbytes, pinned=True)
+            duration = (costs.copy_ns(emu.link, nbytes, pinned=True) if emu.machine is None else
+                        costs.peer_copy_ns(emu.machine, emu.link, emu.host_link, src, dst, nbytes))
             # CUDA runs a peer copy on the source's current stream, synchronised with the destination's.
             also_on = ((dst, emu.current_stream_id(dst)),)
         return emu.clock.launch("copy", name, src, emu.current_stream_id(src), duration, ready_ns,

@@ -187,8 +187,13 @@ def test_torchrun_script_matches_its_single_process_reference():
     ddp_train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ddp_train)
     torchrun = Path(sys.executable).with_name("torchrun")
-    run = subprocess.run([str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script)],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    for _ in range(3):
+        run = subprocess.run([str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(script)],
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
+        # Plain PyTorch, no emulator: about 1 run in 6 a rank aborts while the interpreter shuts down, after its
+        # work is done, as gloo's threads release their last tensors (pytorch/pytorch#179291). Only that is retried.
+        if run.returncode == 0 or "terminate called without an active exception" not in run.stderr:
+            break
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"rank 1/2 epoch 1 step \d+ loss", run.stdout), run.stdout[-3000:]
     # not anchored to a line: both ranks write to the one stdout torchrun hands them (seen once in CI: no

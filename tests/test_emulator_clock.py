@@ -252,3 +252,56 @@ def test_a_copy_within_a_gpu_moves_its_bytes_twice_not_three_times():
         copy_event, clone_event = _kernels(emu, "aten::copy_")[0], _kernels(emu, "aten::clone")[0]
     assert copy_event.bytes == clone_event.bytes == 2 * src.numel() * 4
     assert copy_event.duration_ns == clone_event.duration_ns
+
+
+def test_views_cost_the_host_but_launch_nothing():
+    """Views (and `_unsafe_view`, which `linear` reshapes with) cost the host a dispatch and the GPU nothing."""
+    with course.emulate(gpus=1, materialize=False) as emu:
+        a = torch.empty(64, 4, 32, device="cuda:0")
+        launched = len(emu.trace)
+        before = emu.clock.host_ns
+        b = a.view(64, 128).t()
+        assert emu.clock.host_ns == before + 2 * costs.HOST_VIEW_NS
+        c = torch.ops.aten._unsafe_view(b, (128, 64))
+        assert emu.clock.host_ns == before + 3 * costs.HOST_VIEW_NS
+        assert len(emu.trace) == launched and c.device == torch.device("cuda:0")
+
+
+def test_many_small_ops_make_the_host_the_bottleneck():
+    """Eager code of tiny ops is host-bound: the step takes the host's time, and the GPU idles between kernels."""
+    with course.emulate(gpus=1, gpu="H100") as emu:
+        x = torch.randn(1, 64, device="cuda:0")
+        torch.cuda.synchronize()
+        start = emu.clock.host_ns
+        for _ in range(100):
+            x = (x.view(64, 1) * 1.0).view(1, 64)
+        torch.cuda.synchronize()
+        host_cost = 100 * (costs.HOST_LAUNCH_NS + 2 * costs.HOST_VIEW_NS)
+        gpu_busy = sum(e.end_ns - e.start_ns for e in _kernels(emu, "aten::mul"))
+        assert gpu_busy < host_cost
+        assert emu.clock.host_ns - start >= host_cost
+
+
+def test_an_embedding_lookup_reads_its_rows_not_the_table():
+    """`nn.Embedding` on a GPU reads the rows it returns: a lookup into a 1 GB table is not a 1 GB read."""
+    with course.emulate(gpus=1, gpu="A100-80GB", materialize=False) as emu:
+        table = torch.empty(250_000, 1024, device="cuda:0")
+        tokens = torch.zeros(8, dtype=torch.long, device="cuda:0")
+        out = torch.nn.functional.embedding(tokens, table)
+        lookup = _kernels(emu, "aten::embedding")[0]
+        row_bytes = out.numel() * out.element_size()
+        assert lookup.bytes == 2 * row_bytes + tokens.numel() * tokens.element_size()
+
+
+def test_shape_only_convolutions_keep_channels_last_as_cudnn_does():
+    """cuDNN returns channels-last results for channels-last inputs, forward and backward; shape-only mode must
+    too, or every later layer would be costed as channels-first."""
+    with course.emulate(gpus=1, materialize=False) as emu:
+        conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+        x = torch.empty(4, 16, 8, 8, device="cuda:0", requires_grad=True).to(memory_format=torch.channels_last)
+        y = conv(x)
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        y.sum().backward()
+        assert _kernels(emu, "aten::convolution_backward")
+        plain = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()(torch.empty(4, 16, 8, 8, device="cuda:0"))
+        assert plain.is_contiguous()

@@ -29,11 +29,22 @@ def test_emulator_matches_published_measurements_it_was_not_fitted_to():
     s = fidelity.summary(rows)
     held_out = [r for r in rows if r.half == fidelity.HELD_OUT]
     worst = max(held_out, key=lambda r: abs(r.error_pct))
-    # Median: issue 15's target for an unseen table (<= 10%); measured 3.9%. Worst: measured 35.5% (the skinny
-    # 802816x192x768 GEMM, where real kernels do not overlap memory and compute as the roofline assumes).
+    # Median: issue 15's target for an unseen table (<= 10%); measured 4.7%. Worst: measured 36.9% (eager Qwen-2.5-7B
+    # decode on an H100, predicted faster than measured: the host model charges per op only, not the Python
+    # around the ops), then 35.5% (the skinny 802816x192x768 GEMM, where real kernels do not overlap memory and
+    # compute as the roofline assumes).
     assert s["held_out_median"] <= 10, s
     assert s["held_out_worst"] <= 40, f"{worst.what} on {worst.hardware}: {worst.error_pct:+.1f}%"
     # The points presets were fitted to before the split stay as good as they were.
     for row in rows:
         if row.fitted_before:
             assert abs(row.error_pct) <= 2, f"{row.what} on {row.hardware}: {row.error_pct:+.1f}%"
+
+
+def test_batch1_decode_uses_less_of_a_faster_gpus_memory_floor():
+    """Batch-1 decode streams every weight once per token: an L4 runs close to that memory floor, while an H100
+    finishes its GPU work sooner than the host can issue the ops, so it reaches a smaller fraction of it (the
+    measurement in arXiv 2605.30571 that the eager host model reproduces)."""
+    l4, h100 = fidelity.qwen_decode_floor_fraction("L4"), fidelity.qwen_decode_floor_fraction("H100")
+    assert 0.5 < l4 < 1
+    assert h100 < 0.7 * l4

@@ -255,3 +255,52 @@ def test_results_are_deterministic_ints():
         assert type(first) is int and first > 0
         assert all(call() == first for _ in range(3))
     assert type(costs.HOST_LAUNCH_NS) is int and costs.HOST_LAUNCH_NS > 0
+
+
+def test_tensor_core_convolutions_run_below_gemm_speed_and_pay_for_nchw():
+    """A convolution on tensor cores reaches CONV_TENSOR_CORE_EFFICIENCY of a GEMM's rate; on channels-first data
+    it also pays cuDNN's transposes to NHWC and back; fp32 on a V100 (no tensor cores for it) keeps GEMM speed."""
+    a100, v100 = hardware.gpu("A100-80GB"), hardware.gpu("V100")
+    flops, nbytes = 10**12, 10**8
+    half = dict(dtype=torch.float16, tensor_cores=True, allow_tf32=False)
+    gemm_ns = costs.kernel_ns(a100, flops, nbytes, **half) - a100.kernel_min_us * 1000
+    conv_ns = costs.kernel_ns(a100, flops, nbytes, **half, conv=True) - a100.kernel_min_us * 1000
+    assert conv_ns == pytest.approx(gemm_ns / hardware.CONV_TENSOR_CORE_EFFICIENCY, rel=1e-6)
+    nchw_ns = costs.kernel_ns(a100, flops, nbytes, **half, conv=True, channels_last=False) - a100.kernel_min_us * 1000
+    bandwidth = a100.memory_bandwidth_gbps * a100.memory_efficiency  # bytes per ns
+    assert nchw_ns == pytest.approx(conv_ns + 2 * nbytes / bandwidth, rel=1e-6)
+    fp32 = dict(dtype=torch.float32, tensor_cores=True, allow_tf32=True)
+    assert costs.kernel_ns(v100, flops, nbytes, **fp32, conv=True, channels_last=False) == costs.kernel_ns(
+        v100, flops, nbytes, **fp32)
+
+
+def test_dgx1v_cube_mesh_gives_every_gpu_six_nvlink_bricks():
+    """The DGX-1V preset's hybrid cube mesh: six NVLink 2 bricks per V100, one or two per joined pair, none for
+    the rest, the same seen from either end."""
+    dgx1 = hardware.machine("DGX-1V")
+    for gpu_index in range(dgx1.num_gpus):
+        bricks = [dgx1.bricks_between(gpu_index, other) for other in range(dgx1.num_gpus) if other != gpu_index]
+        assert sum(bricks) == 6 and sorted(set(bricks)) == [0, 1, 2]
+    assert all(dgx1.bricks_between(a, b) == dgx1.bricks_between(b, a) for a in range(8) for b in range(8))
+
+
+def test_peer_copies_follow_the_bricks_between_the_pair():
+    """Two bricks copy twice as fast as one; a pair without NVLink goes through host memory over PCIe."""
+    dgx1 = hardware.machine("DGX-1V")
+    nvlink2, pcie3 = hardware.link("nvlink2"), hardware.link("pcie3")
+    nbytes = 2**30
+    one, two, none = (costs.peer_copy_ns(dgx1, nvlink2, pcie3, 0, dst, nbytes) for dst in (1, 3, 5))
+    assert two < one < none
+    assert (one - nvlink2.latency_us * 1000) == pytest.approx(2 * (two - nvlink2.latency_us * 1000), rel=1e-6)
+    assert none > costs.copy_ns(pcie3, nbytes, pinned=True)
+
+
+def test_emulating_a_machine_takes_its_gpus_and_refuses_more():
+    import course
+
+    with course.emulate(machine="DGX-1V", materialize=False) as emu:
+        assert emu.num_gpus == 8 and emu.gpu.key == "V100" and emu.link.key == "nvlink2"
+    with pytest.raises(ValueError, match="DGX-1V has 8 GPUs"):
+        course.emulate(gpus=9, machine="DGX-1V")
+    with pytest.raises(ValueError, match="choose one of: DGX-1V"):
+        course.emulate(machine="DGX-2")
