@@ -227,7 +227,8 @@ def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_g
 class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
-    __slots__ = ("name", "view_only", "returns_view", "tensor_cores", "cudnn", "overwrites_first")
+    __slots__ = ("name", "view_only", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
+                 "special")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -238,6 +239,11 @@ class _OpInfo:
         self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
         # These write their first argument without reading it: it is not memory traffic in.
         self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
+        # What runs it: the C++ operator itself (an OpOverload's __call__ only forwards to it), or a CUDA-only op
+        # written with CPU ops.
+        self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
+        # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
+        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
 
 
 _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
@@ -246,9 +252,10 @@ _OP_INFO: dict = {}
 
 
 def _op_info(func) -> _OpInfo:
-    info = _OP_INFO.get(func)
+    """Keyed by the C++ operator, whose hash is C's, where an OpOverload's hash is a Python call."""
+    info = _OP_INFO.get(func._op)
     if info is None:
-        info = _OP_INFO[func] = _OpInfo(func)
+        info = _OP_INFO[func._op] = _OpInfo(func)
     return info
 
 
@@ -335,32 +342,46 @@ def mark_host_scratch(tensor: torch.Tensor, ready_ns: int) -> None:
 
 
 def _unwrap(value, tensors: list):
-    """Replace EmulatedTensors by their inner tensors, one list level deep, collecting every tensor."""
+    """Replace EmulatedTensors by their inner tensors, in lists and tuples too, collecting every tensor."""
+    if type(value) is EmulatedTensor:  # the usual argument, tested first
+        tensors.append(value)
+        return value._inner
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return value._inner if isinstance(value, EmulatedTensor) else value
     if type(value) in (list, tuple):
-        return type(value)(_unwrap(v, tensors) for v in value)
+        return type(value)([_unwrap(v, tensors) for v in value])
     return value
 
 
 def run_kernel(emu, func, args, kwargs):
-    """Run one aten op on the CPU and charge it to the simulated GPU it runs on."""
+    """Run one aten op on the CPU and charge it to the simulated GPU it runs on.
+
+    Every op of a training step passes here, so the usual case (EmulatedTensors on one device, one tensor out)
+    is checked first and takes the shortest path; PyTorch's rules for mixing devices run only when needed.
+    """
+    info = _OP_INFO.get(func._op) or _op_info(func)
     tensors: list[torch.Tensor] = []
-    un_args = tuple(_unwrap(a, tensors) for a in args)
+    un_args = tuple([_unwrap(a, tensors) for a in args])
     un_kwargs = {k: _unwrap(v, tensors) for k, v in kwargs.items()} if kwargs else {}
-    device, scratch = _common_device(func, tensors)
-    if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
-        from course.transfers import copy_into
+    device, scratch, emulated = None, False, tensors
+    for t in tensors:
+        if type(t) is not EmulatedTensor or (device is not None and t._device_index != device):
+            device, scratch = _common_device(func, tensors)
+            emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
+            break
+        device = t._device_index
+    if info.special:
+        if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
+            from course.transfers import copy_into
 
-        return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
-    if func is torch.ops.aten._local_scalar_dense.default:
-        from course.transfers import read_scalar
+            return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
+        if func is torch.ops.aten._local_scalar_dense.default:
+            from course.transfers import read_scalar
 
-        return read_scalar(args[0])
-    emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
+            return read_scalar(args[0])
     try:
-        out = cuda_only_ops.KERNELS.get(func, func)(*un_args, **un_kwargs)
+        out = info.kernel(*un_args, **un_kwargs)
     except NotImplementedError as error:
         if any(t.is_meta for t in tensors if not isinstance(t, EmulatedTensor)) or any(
                 t._inner.is_meta for t in emulated):
@@ -377,8 +398,11 @@ def run_kernel(emu, func, args, kwargs):
         wrapped = [wrap(o, CPU, None) if isinstance(o, torch.Tensor) else o for o in flat_out]
         return type(out)(wrapped) if multiple else wrapped[0]
 
-    info = _op_info(func)
-    inputs_ready_ns = max((t.ready_ns for t in emulated), default=0)
+    inputs_ready_ns = 0
+    for t in emulated:
+        block = t._block
+        if block is not None and block.ready_ns > inputs_ready_ns:
+            inputs_ready_ns = block.ready_ns
     scratch_ids = set()
     if scratch:
         plain = [t for t in tensors if not isinstance(t, EmulatedTensor) and t.dim() > 0]
@@ -386,19 +410,22 @@ def run_kernel(emu, func, args, kwargs):
         inputs_ready_ns = max([inputs_ready_ns] + [host_scratch_ready(t) for t in plain])
     end_ns = inputs_ready_ns
     if not info.view_only:
-        bytes_read = sum(_tensor_nbytes(t) for t in tensors if isinstance(t, EmulatedTensor) or id(t) in scratch_ids)
+        bytes_read = 0
+        for t in tensors:
+            if isinstance(t, EmulatedTensor) or id(t) in scratch_ids:
+                bytes_read += t.numel() * t.element_size()
         first = args[0] if args else None
         if info.overwrites_first and (isinstance(first, EmulatedTensor) or id(first) in scratch_ids):
             bytes_read -= _tensor_nbytes(first)
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
                                 inputs_ready_ns)
-    inputs_by_id = {id(t._inner): t for t in emulated}
     wrapped = []
     for o in flat_out:
         if not isinstance(o, torch.Tensor):
             wrapped.append(o)
-        elif id(o) in inputs_by_id:  # in-place or out=: the same tensor comes back
-            same = inputs_by_id[id(o)]
+            continue
+        same = next((t for t in reversed(emulated) if t._inner is o), None)
+        if same is not None:  # in-place or out=: the same tensor comes back
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
         elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
