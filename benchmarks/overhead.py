@@ -7,6 +7,8 @@
 For 3 it also measures the floor of the design: a tensor subclass that does nothing but unwrap, run
 the op and wrap (PyTorch's Python dispatch, which every emulated op goes through). Each side runs
 alternately (A B A B ...) and the medians of the ratios are printed, since this machine is shared and noisy.
+Both sides run on one CPU thread: the emulator's per-op cost is single-threaded Python, and plain torch's
+OpenMP threads fighting other jobs for a shared machine's cores made its times swing threefold from run to run.
 Run: PYTHONPATH=. python benchmarks/overhead.py
 """
 from __future__ import annotations
@@ -130,6 +132,7 @@ def report(name: str, values: list[float], target: str) -> None:
 
 
 def main() -> None:
+    torch.set_num_threads(1)
     report("MLP 4x1024 training, emulator / plain", ratios(lambda: mlp_loop("cpu"), lambda: emulated(mlp_loop)),
            "target <= 1.25x")
     report("nanoGPT-sized training, emulator / plain",

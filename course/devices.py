@@ -227,7 +227,8 @@ def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_g
 class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
-    __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first")
+    __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
+                 "special")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -242,6 +243,11 @@ class _OpInfo:
         self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
         # These write their first argument without reading it: it is not memory traffic in.
         self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
+        # What runs it: the C++ operator itself (an OpOverload's __call__ only forwards to it), or a CUDA-only op
+        # written with CPU ops.
+        self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
+        # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
+        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
 
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
@@ -252,9 +258,10 @@ _OP_INFO: dict = {}
 
 
 def _op_info(func) -> _OpInfo:
-    info = _OP_INFO.get(func)
+    """Keyed by the C++ operator, whose hash is C's, where an OpOverload's hash is a Python call."""
+    info = _OP_INFO.get(func._op)
     if info is None:
-        info = _OP_INFO[func] = _OpInfo(func)
+        info = _OP_INFO[func._op] = _OpInfo(func)
     return info
 
 
@@ -348,32 +355,46 @@ mark_host_scratch = _scratch.mark
 
 
 def _unwrap(value, tensors: list):
-    """Replace EmulatedTensors by their inner tensors, one list level deep, collecting every tensor."""
+    """Replace EmulatedTensors by their inner tensors, in lists and tuples too, collecting every tensor."""
+    if type(value) is EmulatedTensor:  # the usual argument, tested first
+        tensors.append(value)
+        return value._inner
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return value._inner if isinstance(value, EmulatedTensor) else value
     if type(value) in (list, tuple):
-        return type(value)(_unwrap(v, tensors) for v in value)
+        return type(value)([_unwrap(v, tensors) for v in value])
     return value
 
 
 def run_kernel(emu, func, args, kwargs):
-    """Run one aten op on the CPU and charge it to the simulated GPU it runs on."""
+    """Run one aten op on the CPU and charge it to the simulated GPU it runs on.
+
+    Every op of a training step passes here, so the usual case (EmulatedTensors on one device, one tensor out)
+    is checked first and takes the shortest path; PyTorch's rules for mixing devices run only when needed.
+    """
+    info = _OP_INFO.get(func._op) or _op_info(func)
     tensors: list[torch.Tensor] = []
-    un_args = tuple(_unwrap(a, tensors) for a in args)
+    un_args = tuple([_unwrap(a, tensors) for a in args])
     un_kwargs = {k: _unwrap(v, tensors) for k, v in kwargs.items()} if kwargs else {}
-    device, scratch = _common_device(func, tensors)
-    if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
-        from course.transfers import copy_into
+    device, scratch, emulated = None, False, tensors
+    for t in tensors:
+        if type(t) is not EmulatedTensor or (device is not None and t._device_index != device):
+            device, scratch = _common_device(func, tensors)
+            emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
+            break
+        device = t._device_index
+    if info.special:
+        if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
+            from course.transfers import copy_into
 
-        return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
-    if func is torch.ops.aten._local_scalar_dense.default:
-        from course.transfers import read_scalar
+            return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
+        if func is torch.ops.aten._local_scalar_dense.default:
+            from course.transfers import read_scalar
 
-        return read_scalar(args[0])
-    emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
+            return read_scalar(args[0])
     try:
-        out = cuda_only_ops.KERNELS.get(func, func)(*un_args, **un_kwargs)
+        out = info.kernel(*un_args, **un_kwargs)
     except NotImplementedError as error:
         if any(t.is_meta for t in tensors if not isinstance(t, EmulatedTensor)) or any(
                 t._inner.is_meta for t in emulated):
@@ -392,8 +413,11 @@ def run_kernel(emu, func, args, kwargs):
         wrapped = [wrap(o, CPU, None) if isinstance(o, torch.Tensor) else o for o in flat_out]
         return type(out)(wrapped) if multiple else wrapped[0]
 
-    info = _op_info(func)
-    inputs_ready_ns = max((t.ready_ns for t in emulated), default=0)
+    inputs_ready_ns = 0
+    for t in emulated:
+        block = t._block
+        if block is not None and block.ready_ns > inputs_ready_ns:
+            inputs_ready_ns = block.ready_ns
     scratch_ids = set()
     if scratch:
         plain = [t for t in tensors if not isinstance(t, EmulatedTensor) and t.dim() > 0]
@@ -403,7 +427,10 @@ def run_kernel(emu, func, args, kwargs):
     if info.no_kernel:
         emu.clock.host_advance(costs.HOST_VIEW_NS)
     else:
-        bytes_read = sum(_tensor_nbytes(t) for t in tensors if isinstance(t, EmulatedTensor) or id(t) in scratch_ids)
+        bytes_read = 0
+        for t in tensors:
+            if isinstance(t, EmulatedTensor) or id(t) in scratch_ids:
+                bytes_read += t.numel() * t.element_size()
         if func is torch.ops.aten.embedding.default:  # a lookup reads the rows it returns, not the whole table
             bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         first = args[0] if args else None
@@ -411,13 +438,13 @@ def run_kernel(emu, func, args, kwargs):
             bytes_read -= _tensor_nbytes(first)
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
                                 inputs_ready_ns)
-    inputs_by_id = {id(t._inner): t for t in emulated}
     wrapped = []
     for o in flat_out:
         if not isinstance(o, torch.Tensor):
             wrapped.append(o)
-        elif id(o) in inputs_by_id:  # in-place or out=: the same tensor comes back
-            same = inputs_by_id[id(o)]
+            continue
+        same = next((t for t in reversed(emulated) if t._inner is o), None)
+        if same is not None:  # in-place or out=: the same tensor comes back
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
         elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
@@ -473,19 +500,33 @@ def _flops(func, args, kwargs, out) -> int:
 
 
 def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
-    """Roofline cost of the op on the preset GPU, queued on the device's current stream."""
-    bytes_written = sum(_tensor_nbytes(o) for o in flat_out if isinstance(o, torch.Tensor))
-    dtype = next((o.dtype for o in flat_out if isinstance(o, torch.Tensor)), torch.float32)
-    flops, allow_tf32 = 0, False
+    """Roofline cost of the op on the preset GPU, queued on the device's current stream.
+
+    A training loop repeats the same kernels, so each distinct cost is worked out once per emulator (a GEMM's
+    shape efficiency tries every tile)."""
+    nbytes, dtype = bytes_read, None
+    for o in flat_out:
+        if isinstance(o, torch.Tensor):
+            nbytes += o.numel() * o.element_size()
+            if dtype is None:
+                dtype = o.dtype
+    if dtype is None:
+        dtype = torch.float32
+    flops, allow_tf32, gemm = 0, False, None
     if info.tensor_cores:
         flops = _flops(func, args, kwargs, out)
         if dtype is torch.float32:
             allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
                           else torch.backends.cuda.matmul.allow_tf32)
-    gemm = costs.gemm_shape(func, args, kwargs, out) if info.tensor_cores else None
-    image = args[1] if info.cudnn and func._overloadpacket is torch.ops.aten.convolution_backward else args[0]
-    channels_last = not info.cudnn or image.dim() != 4 or image.is_contiguous(memory_format=torch.channels_last)
-    duration = costs.kernel_ns(emu.gpu, flops, bytes_read + bytes_written, dtype, info.tensor_cores, allow_tf32,
-                               gemm, info.cudnn, channels_last)
+        gemm = costs.gemm_shape(func, args, kwargs, out)
+    channels_last = True
+    if info.cudnn:
+        image = args[1] if func._overloadpacket is torch.ops.aten.convolution_backward else args[0]
+        channels_last = image.dim() != 4 or image.is_contiguous(memory_format=torch.channels_last)
+    key = (flops, nbytes, dtype, info.tensor_cores, allow_tf32, gemm, info.cudnn, channels_last)
+    duration = emu.kernel_ns_cache.get(key)
+    if duration is None:
+        duration = emu.kernel_ns_cache[key] = costs.kernel_ns(emu.gpu, flops, nbytes, dtype, info.tensor_cores,
+                                                              allow_tf32, gemm, info.cudnn, channels_last)
     return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
-                            inputs_ready_ns, flops=flops, nbytes=bytes_read + bytes_written)
+                            inputs_ready_ns, flops=flops, nbytes=nbytes)

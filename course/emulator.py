@@ -56,6 +56,7 @@ class Emulator:
         self.materialize = materialize
         self.clock = Clock(costs.HOST_LAUNCH_NS)
         self.memory = DeviceMemory(gpus, self.gpu.memory_bytes)
+        self.kernel_ns_cache: dict = {}  # costs.kernel_ns by its arguments: the same kernels recur every step
         self._per_thread = threading.local()
         self._stream_counts = [1] * gpus
         self._saved: list[tuple[object, str, object]] = []
