@@ -57,6 +57,22 @@ def test_run_threads_times_out_on_a_collective_one_rank_never_calls():
     assert run_threads(all_reduce_rank_plus_one, 2, timeout_s=20) == [3.0, 3.0]
 
 
+def test_run_threads_pg_timeout_is_the_process_groups_own():
+    """pg_timeout_s reaches init_process_group: on gloo, a collective one rank skips fails after it, well before
+    run_threads' own deadline, with gloo's timeout error instead of run_threads' TimeoutError."""
+    def rank_one_skips_the_all_reduce(rank, world_size):
+        if rank == 0:
+            dist.all_reduce(torch.ones(1))
+        else:
+            dist.barrier()
+
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match=r"Timed out waiting 1000ms"):
+        run_threads(rank_one_skips_the_all_reduce, 2, backend="gloo", pg_timeout_s=1, timeout_s=30)
+    assert time.monotonic() - started < 10
+    assert run_threads(all_reduce_rank_plus_one, 2, backend="gloo", timeout_s=20) == [3.0, 3.0]
+
+
 def test_run_threads_explains_that_send_and_recv_need_processes():
     def send_to_rank_one(rank, world_size):
         if rank == 0:
