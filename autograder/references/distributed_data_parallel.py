@@ -58,3 +58,18 @@ def strong_scaling(make_model, global_batch: int, num_features: int, gpu_counts,
         row["speedup"] = one_gpu_ms / row["step_ms"]
         row["efficiency"] = row["speedup"] / row["gpus"]
     return rows
+
+
+def first_divergence(calls_per_rank):
+    """Where the ranks' collective sequences first differ: None if they never do, else (position, {call: ranks}).
+
+    A rank whose list has ended makes no call there, recorded under the key None; each group's ranks ascend.
+    """
+    longest = max((len(calls) for calls in calls_per_rank), default=0)
+    for position in range(longest):
+        groups: dict = {}
+        for rank, calls in enumerate(calls_per_rank):
+            groups.setdefault(calls[position] if position < len(calls) else None, []).append(rank)
+        if len(groups) > 1:
+            return position, groups
+    return None
