@@ -477,6 +477,11 @@ def _rows() -> list[Row]:
             "Dell EMC Ready Solutions for AI, Deep Learning with NVIDIA, reference guide v1.0, section 3.1 Table 3 "
             "(p2pBandwidthLatencyTest, unidirectional P2P=Enabled)",
             lambda: machine_peer_copy_gbps("DGX-1V", 0, 3, 40_000_000 * 4)),
+        Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2; ours: DGX-A100 GPU0->GPU2)",
+            "8x A100-SXM4-80GB, NVSwitch (NV12 to every peer)", 269.36, "GB/s",
+            "https://github.com/LLMServe/DistServe/issues/3 (interestingLSY, 2024-06-11: P2P=Enabled Writes "
+            "matrix and nvidia-smi topo -m)",
+            lambda: machine_peer_copy_gbps("DGX-A100", 0, 2, 40_000_000 * 4)),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",

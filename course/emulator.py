@@ -150,8 +150,12 @@ class Emulator:
         presets = [(self.gpu, hardware.GPUS), (self.link, hardware.LINKS), (self.host_link, hardware.LINKS)]
         if any(presets_of.get(part.key) is not part for part, presets_of in presets):
             return None
-        return {"gpus": self.num_gpus, "gpu": self.gpu.key, "link": self.link.key,
-                "host_link": self.host_link.key, "materialize": self.materialize}
+        config = {"gpus": self.num_gpus, "gpu": self.gpu.key, "link": self.link.key,
+                  "host_link": self.host_link.key, "materialize": self.materialize}
+        # Workers must see the same topology, not every pair on the whole link.
+        if self.machine is not None:
+            config["machine"] = self.machine.key
+        return config
 
     def _patch(self, module, replacements: dict) -> None:
         for name, replacement in replacements.items():
@@ -254,10 +258,11 @@ def emulate(gpus: int | None = None, gpu="A100-80GB", link="nvlink3", host_link=
     """An emulated machine of `gpus` x `gpu`, peers joined by `link`, host by `host_link`.
 
     Defaults: 4 A100-80GB on NVLink 3 behind PCIe 4, like a DGX A100 quarter, every pair of GPUs with the whole
-    link. `machine="DGX-1V"` (course.hardware.MACHINES) takes the GPU, links and which pairs share how many
-    NVLinks from a real machine, with all its GPUs unless `gpus` asks for fewer. `materialize=False` computes
-    shapes, times and memory without any values, for what-ifs at real scale. On a machine whose torch sees
-    real GPUs this returns `RealGPUs` and changes nothing, unless `force=True`.
+    link. `machine="DGX-1V"`, `"DGX-A100"`, `"DGX-H100"`, `"8xL4"` or `"4xRTX4090"` (course.hardware.MACHINES)
+    takes the GPU, links and how each pair of GPUs reaches the other (a switch, NVLink bricks, or host memory)
+    from a real machine, with all its GPUs unless `gpus` asks for fewer. `materialize=False` computes shapes,
+    times and memory without any values, for what-ifs at real scale. On a machine whose torch sees real GPUs
+    this returns `RealGPUs` and changes nothing, unless `force=True`.
     """
     if torch.cuda.is_available() and devices.active is None and not force:
         return RealGPUs()

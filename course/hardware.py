@@ -259,10 +259,12 @@ NVLINK_P2P_COPY_EFFICIENCY = 47.88 / 50.0
 
 @dataclass(frozen=True)
 class Machine:
-    """A machine preset: its GPU, how many, its host link, and the NVLink bricks between each pair of GPUs.
+    """A machine preset: its GPU, how many, its host link, and how each pair of GPUs reaches the other.
 
-    Pairs with no NVLink copy through host memory, down one PCIe link and up another (CUDA stages a peer copy
-    through the host when the GPUs cannot access each other's memory directly).
+    A switch (NVSwitch, or a PCIe switch with peer-to-peer) gives every pair the whole `link`
+    (`every_pair_direct`); a cube mesh joins some pairs by NVLink bricks (`nvlink_bricks`). Pairs with neither copy
+    through host memory, down one PCIe link and up another (CUDA stages a peer copy through the host when the GPUs
+    cannot access each other's memory directly).
     """
 
     key: str
@@ -270,7 +272,17 @@ class Machine:
     num_gpus: int
     link: str
     host_link: str
-    nvlink_bricks: tuple[tuple[int, int, int], ...]
+    nvlink_bricks: tuple[tuple[int, int, int], ...] = ()
+    every_pair_direct: bool = False
+
+    def __post_init__(self):
+        """Refuse presets the cost model would price wrongly, before any copy is timed with them."""
+        if self.every_pair_direct and self.nvlink_bricks:
+            raise ValueError(f"machine {self.key!r}: a switch gives every pair the whole link, so it has no NVLink "
+                             "bricks between pairs; give either every_pair_direct=True or nvlink_bricks, not both")
+        if self.nvlink_bricks and self.link != "nvlink2":
+            raise ValueError(f"machine {self.key!r}: NVLink bricks are costed at NVLINK2_BRICK_GBPS (NVLink 2), but "
+                             f"its link is {self.link!r}; add that link's per-brick bandwidth before using bricks")
 
     def bricks_between(self, a: int, b: int) -> int:
         for i, j, count in self.nvlink_bricks:
@@ -288,6 +300,34 @@ _MACHINE_LIST = [
     Machine("DGX-1V", "V100", 8, "nvlink2", "pcie3", (
         (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
         (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2))),
+    # DGX A100 640GB: eight A100-SXM4-80GB joined by six NVSwitches, 600 GB/s bidirectional between any two GPUs,
+    # i.e. every pair gets all twelve NVLink 3 links, the nvlink3 Link above (DGX A100 User Guide, "Hardware
+    # Overview", https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html). Host: PCIe 4; each
+    # of four PCIe 4 switches serves two GPUs (and two NICs) and has one x16 uplink to the CPU (NVIDIA's "DGX A100
+    # System Architecture" technical whitepaper, system topology figure; NVIDIA's GPUDirect Storage guide shows the
+    # DGX A100's GPUs and NICs under shared switches, https://docs.nvidia.com/ai-enterprise/deployment/bare-metal/
+    # latest/gds-appendix-pci-validation.html). Not modelled: two GPUs of a switch copying to or from the host at
+    # once share that uplink; here each gets the whole pcie4 link (the emulator has no contention).
+    Machine("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4", every_pair_direct=True),
+    # DGX H100: eight H100 SXM5 80GB joined by four third-generation NVSwitches, 900 GB/s bidirectional between
+    # any two GPUs (all eighteen NVLink 4 links, the nvlink4 Link above); GPUs on PCIe 5 (DGX H100 User Guide,
+    # "Hardware Overview", https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html). Each GPU's
+    # host copies get a whole pcie5 link; how the GPUs share PCIe switches and their uplinks is not modelled.
+    Machine("DGX-H100", "H100", 8, "nvlink4", "pcie5", every_pair_direct=True),
+    # 8x L4, as Google Cloud's g2-standard-96 rents it (https://cloud.google.com/compute/docs/gpus, "L4 GPUs"): no
+    # NVLink (the L4 datasheet above lists PCIe 4.0 x16 as its only interconnect); peers copy over PCIe 4, GPU to
+    # GPU through the PCIe switch (data-center GPUs support GPUDirect peer-to-peer over PCIe,
+    # https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#peer-to-peer-memory-access). Assumption: the
+    # host allows peer access; where a hypervisor or the platform's ACS settings forbid it, copies go through host
+    # memory as on the RTX 4090 box below. Not modelled: GPUs behind one switch sharing its uplink.
+    Machine("8xL4", "L4", 8, "pcie4", "pcie4", every_pair_direct=True),
+    # 4x RTX 4090 on PCIe 4: GeForce cards have no GPUDirect peer-to-peer, so a peer copy goes back to the CPU and
+    # out again (NCCL's maintainer, https://github.com/NVIDIA/nccl/issues/1309; tiny corp's patched driver README,
+    # https://github.com/tinygrad/open-gpu-kernel-modules, on why stock drivers refuse P2P on the 4090). No NVLink
+    # on Ada GeForce (Ada whitepaper above). Modelled like the DGX-1V's pairs without NVLink: through host memory.
+    # Collectives keep the pcie4 link's rate, as the 4x RTX 4090 all-reduce rows of benchmarks/fidelity.py do (those
+    # ran the P2P driver); NCCL's stock path through host shared memory is not modelled apart.
+    Machine("4xRTX4090", "RTX4090", 4, "pcie4", "pcie4"),
 ]
 
 GPUS: dict[str, GPU] = {g.key: g for g in _GPU_LIST}

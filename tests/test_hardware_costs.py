@@ -304,3 +304,83 @@ def test_emulating_a_machine_takes_its_gpus_and_refuses_more():
         course.emulate(gpus=9, machine="DGX-1V")
     with pytest.raises(ValueError, match="choose one of: DGX-1V"):
         course.emulate(machine="DGX-2")
+
+
+def _peer_copy_ms(emulate_kwargs: dict, src: int, dst: int, nbytes: int) -> float:
+    """Simulated milliseconds of one copy from cuda:src to cuda:dst, timed with CUDA events as a notebook would."""
+    import course
+
+    # CUDA runs a peer copy on the source's stream, so the events go there too.
+    with course.emulate(materialize=False, **emulate_kwargs), torch.cuda.device(src):
+        tensor = torch.empty(nbytes, device=f"cuda:{src}", dtype=torch.uint8)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        tensor.to(f"cuda:{dst}")
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+@pytest.mark.parametrize("key, gpu, num_gpus, link, host_link", [
+    ("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4"),
+    ("DGX-H100", "H100", 8, "nvlink4", "pcie5"),
+    ("8xL4", "L4", 8, "pcie4", "pcie4"),
+    ("4xRTX4090", "RTX4090", 4, "pcie4", "pcie4"),
+])
+def test_each_machine_emulates_its_gpus_and_links(key, gpu, num_gpus, link, host_link):
+    """A machine preset starts its own GPU model, count, peer link and host link, whatever the defaults say."""
+    import course
+
+    with course.emulate(machine=key, materialize=False) as emu:
+        assert (emu.gpu.key, emu.num_gpus, emu.link.key, emu.host_link.key) == (gpu, num_gpus, link, host_link)
+        assert torch.cuda.device_count() == num_gpus
+
+
+@pytest.mark.parametrize("key", ["DGX-A100", "DGX-H100", "8xL4"])
+def test_switched_machines_give_every_pair_the_whole_link(key):
+    """Behind an NVSwitch (or a PCIe switch with peer-to-peer) every pair copies as fast as any other, at the
+    rate of the same link without a machine preset."""
+    machine = hardware.machine(key)
+    nbytes = 2**28
+    plain = _peer_copy_ms(dict(gpus=machine.num_gpus, gpu=machine.gpu, link=machine.link,
+                               host_link=machine.host_link), 0, 1, nbytes)
+    times = {_peer_copy_ms(dict(machine=key), src, dst, nbytes)
+             for src, dst in ((0, 1), (0, machine.num_gpus - 1), (3, 5))}
+    assert times == {plain}
+
+
+def test_rtx4090_peer_copies_go_through_host_memory():
+    """GeForce cards have no peer-to-peer: a 4090 peer copy goes down one PCIe 4 link and up another, paying the
+    host link's latency twice, where two L4s on the same PCIe 4 reach each other directly and pay it once."""
+    nbytes = 2**28
+    pcie4 = hardware.link("pcie4")
+    through_host = _peer_copy_ms(dict(machine="4xRTX4090"), 0, 1, nbytes)
+    direct_pcie4 = _peer_copy_ms(dict(machine="8xL4"), 0, 1, nbytes)
+    staged_ns = costs.copy_ns(pcie4, nbytes, pinned=True) + pcie4.latency_us * 1000
+    assert costs.peer_copy_ns(hardware.machine("4xRTX4090"), pcie4, pcie4, 0, 1, nbytes) == staged_ns
+    assert through_host - direct_pcie4 == pytest.approx(pcie4.latency_us / 1000, abs=1e-6)
+    assert {_peer_copy_ms(dict(machine="4xRTX4090"), a, b, nbytes) for a, b in ((1, 0), (2, 3), (0, 3))} == {
+        through_host}
+
+
+def test_workers_of_a_machine_start_the_same_machine():
+    """torchrun's workers rebuild the emulator from the published config: the machine must travel with it, or
+    a 4090 box's workers would copy peer to peer over the whole link."""
+    import json
+    import os
+
+    import course
+    from course import autostart
+
+    with course.emulate(machine="4xRTX4090", materialize=False):
+        config = json.loads(os.environ[autostart.ENV])
+    assert config["machine"] == "4xRTX4090"
+
+
+def test_a_machine_preset_that_would_be_priced_wrongly_is_refused():
+    """Bricks are costed as NVLink 2 bricks and a switch has none: presets saying otherwise fail at once."""
+    with pytest.raises(ValueError, match="either every_pair_direct=True or nvlink_bricks"):
+        hardware.Machine("odd", "A100-80GB", 2, "nvlink3", "pcie4", ((0, 1, 12),), every_pair_direct=True)
+    with pytest.raises(ValueError, match="costed at NVLINK2_BRICK_GBPS"):
+        hardware.Machine("odd", "A100-80GB", 2, "nvlink3", "pcie4", ((0, 1, 12),))
