@@ -3,8 +3,9 @@
 - `make lab` lands on the rendered index (links to the chapters that open them), with no news pop-up
   and none of nbgrader's instructor tools, at the URL it prints.
 - A chapter: the student notebook with each answer cell filled in from the solution, as a learner who
-  has done the exercises would have it: every cell must run without an error, a plot must render, and
-  moving a what-if slider must change the figure.
+  has done the exercises would have it: every cell must run without an error, a plot must render,
+  moving a what-if slider must change the figure, and the notebook saved, closed and reopened shows its
+  widget again (the course's lab settings save widget state).
 - The error check itself: JupyterLab 4 renders a traceback with the stderr mime type, as it renders a
   warning, so the check reads the text; a deliberately failing notebook proves it catches both kinds.
 
@@ -71,6 +72,7 @@ def jupyterlab(tmp_path):
     """A JupyterLab server on a free localhost port, serving a scratch folder; stopped afterwards."""
     port, token = _free_port(), "course-browser-test"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MPLBACKEND")}
+    env["JUPYTER_CONFIG_PATH"] = str(ROOT / "jupyter-config")  # the course's lab settings, as make lab has them
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
                "--ServerApp.disable_check_xsrf=True", "--LabApp.news_url=", "--allow-root"]
@@ -169,6 +171,22 @@ def test_a_chapter_runs_in_jupyterlab_with_plots_and_a_working_widget(jupyterlab
             "([cell, old]) => { const img = cell.querySelector('.jp-OutputArea-output img');"
             " return img !== null && img.getAttribute('src') !== old; }",
             arg=[widget_area.element_handle(), before], timeout=60_000)
+
+        # Saved, closed (its kernel shut down) and opened again, as a learner comes back the next day: the
+        # widget's state was saved with the notebook, so it shows again instead of "model not found".
+        page.keyboard.press("Control+s")
+        deadline = time.time() + 60
+        while "application/vnd.jupyter.widget-state+json" not in json.loads(notebook.read_text())["metadata"].get(
+                "widgets", {}):
+            assert time.time() < deadline, "the saved notebook has no widget state"
+            time.sleep(1)
+        api = f"{url}/api/kernels"
+        for kernel in json.load(urllib.request.urlopen(f"{api}?token={token}", timeout=10)):
+            urllib.request.urlopen(urllib.request.Request(f"{api}/{kernel['id']}?token={token}", method="DELETE"),
+                                   timeout=30)
+        page.goto(f"{url}/lab/tree/{notebook.name}?token={token}", timeout=90_000)
+        page.locator(".widget-slider").first.wait_for(timeout=90_000)
+        assert page.locator(".jp-OutputArea-output", has_text="Error displaying widget").count() == 0
 
 
 def test_the_error_check_catches_raised_exceptions_but_not_warnings(jupyterlab, tmp_path):
