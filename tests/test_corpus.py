@@ -25,25 +25,33 @@ DEFAULT_TOLERANCE = (1e-4, 1e-5)
 BWRAP = shutil.which("bwrap")
 
 
-def _start(command: list[str], own_network: bool = False) -> tuple[list[str], subprocess.Popen]:
+def _start(command: list[str], own_network: bool = False) -> tuple[list[str], bool, subprocess.Popen]:
     """Start a program; with `own_network`, in a network namespace of its own (bubblewrap, loopback only), so
     its hard-coded rendezvous ports cannot collide with the other run going on at the same time."""
     env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
     env["PYTHONWARNINGS"] = "ignore"
     launch = [BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"] + command \
         if own_network else command
-    return command, subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=CORPUS, env=env)
+    return command, own_network, subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                  text=True, cwd=CORPUS, env=env)
 
 
-def _result(started: tuple[list[str], subprocess.Popen]) -> dict:
-    command, process = started
+# Plain PyTorch, emulator or not: now and then a torchrun rank aborts while its interpreter shuts down, after its
+# work is done, as gloo's threads release their last tensors (pytorch/pytorch#179291); torchrun then reports
+# the run as failed. Only a run that ended that way is started again.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _result(started: tuple[list[str], bool, subprocess.Popen], attempts: int = 3) -> dict:
+    command, own_network, process = started
     try:
         stdout, stderr = process.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         process.kill()
         stdout, stderr = process.communicate()
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    if process.returncode != 0 and TEARDOWN_ABORT in stderr and attempts > 1:
+        return _result(_start(command, own_network), attempts - 1)
     assert process.returncode == 0 and lines, (
         f"{' '.join(command)} exited {process.returncode} without a RESULT line\n"
         f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}")
