@@ -60,16 +60,21 @@ class EmulatedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
-        tensor = torch.Tensor._make_wrapper_subclass(
-            cls,
-            inner.size(),
-            strides=inner.stride(),
-            storage_offset=inner.storage_offset(),
-            dtype=inner.dtype,
-            layout=inner.layout,
-            device=inner.device,
-            requires_grad=requires_grad,
-        )
+        if inner.is_contiguous() and not inner.storage_offset() and inner.layout is torch.strided:
+            # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one)
+            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.size(), dtype=inner.dtype, device=inner.device,
+                                                         requires_grad=requires_grad)
+        else:
+            tensor = torch.Tensor._make_wrapper_subclass(
+                cls,
+                inner.size(),
+                strides=inner.stride(),
+                storage_offset=inner.storage_offset(),
+                dtype=inner.dtype,
+                layout=inner.layout,
+                device=inner.device,
+                requires_grad=requires_grad,
+            )
         tensor._inner = inner
         tensor._device_index = device_index
         tensor._block = block
@@ -228,7 +233,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special")
+                 "special", "embedding")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -248,6 +253,7 @@ class _OpInfo:
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
+        self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
 
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
@@ -375,7 +381,13 @@ def run_kernel(emu, func, args, kwargs):
     """
     info = _OP_INFO.get(func._op) or _op_info(func)
     tensors: list[torch.Tensor] = []
-    un_args = tuple([_unwrap(a, tensors) for a in args])
+    un_args = []
+    for a in args:
+        if type(a) is EmulatedTensor:  # the usual argument, unwrapped here rather than in a call per argument
+            tensors.append(a)
+            un_args.append(a._inner)
+        else:
+            un_args.append(_unwrap(a, tensors))
     un_kwargs = {k: _unwrap(v, tensors) for k, v in kwargs.items()} if kwargs else {}
     device, scratch, emulated = None, False, tensors
     for t in tensors:
@@ -394,7 +406,7 @@ def run_kernel(emu, func, args, kwargs):
 
             return read_scalar(args[0])
     try:
-        out = info.kernel(*un_args, **un_kwargs)
+        out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:
         if any(t.is_meta for t in tensors if not isinstance(t, EmulatedTensor)) or any(
                 t._inner.is_meta for t in emulated):
@@ -404,7 +416,7 @@ def run_kernel(emu, func, args, kwargs):
         raise NotImplementedError(
             f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
-    if func._overloadpacket in _CONV_OPS and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
+    if info.cudnn and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
         out = _channels_last_like_cudnn(out, un_args)
     multiple = isinstance(out, (tuple, list))
     flat_out = list(out) if multiple else [out]
@@ -418,7 +430,7 @@ def run_kernel(emu, func, args, kwargs):
         block = t._block
         if block is not None and block.ready_ns > inputs_ready_ns:
             inputs_ready_ns = block.ready_ns
-    scratch_ids = set()
+    scratch_ids = ()
     if scratch:
         plain = [t for t in tensors if not isinstance(t, EmulatedTensor) and t.dim() > 0]
         scratch_ids = {id(t) for t in plain}
@@ -431,7 +443,7 @@ def run_kernel(emu, func, args, kwargs):
         for t in tensors:
             if isinstance(t, EmulatedTensor) or id(t) in scratch_ids:
                 bytes_read += t.numel() * t.element_size()
-        if func is torch.ops.aten.embedding.default:  # a lookup reads the rows it returns, not the whole table
+        if info.embedding:  # a lookup reads the rows it returns, not the whole table
             bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         first = args[0] if args else None
         if info.overwrites_first and (isinstance(first, EmulatedTensor) or id(first) in scratch_ids):
@@ -443,7 +455,11 @@ def run_kernel(emu, func, args, kwargs):
         if not isinstance(o, torch.Tensor):
             wrapped.append(o)
             continue
-        same = next((t for t in reversed(emulated) if t._inner is o), None)
+        for same in emulated:
+            if same._inner is o:
+                break
+        else:
+            same = None
         if same is not None:  # in-place or out=: the same tensor comes back
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
@@ -454,11 +470,8 @@ def run_kernel(emu, func, args, kwargs):
             wrapped.append(wrap(o, device, emulated[0]._block))
         else:
             block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
-            wrapped.append(wrap(o, device, block))
+            wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
-
-
-_CONV_OPS = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
 
 
 def _channels_last_like_cudnn(out, args):

@@ -261,6 +261,9 @@ _HANDLERS = {
 }
 
 
+# Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
+_ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors()
+
 # Calls inside which PyTorch's C++ (the autograd engine, DDP's reducer hooks) issues ops of its own.
 ENGINE_ENTRY_POINTS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 
@@ -277,7 +280,10 @@ def handle_torch_function(func, args, kwargs):
     and pytest hide this one (`__tracebackhide__`)."""
     __tracebackhide__ = True
     try:
-        return _route_torch_function(func, args, kwargs)
+        if kwargs or func in _ROUTED:
+            return _route_torch_function(func, args, kwargs or {})
+        with torch._C.DisableTorchFunctionSubclass():  # most calls: nothing to route, the op runs as it is
+            return func(*args)
     except Exception as error:
         if KEEP_FRAMES:
             raise
@@ -308,4 +314,4 @@ class EmulatorMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True
-        return handle_torch_function(func, args, kwargs or {})
+        return handle_torch_function(func, args, kwargs)

@@ -52,39 +52,55 @@ class Block:
         self.memory.free(self)
 
 
-class Stat:
-    """One allocator statistic: its current value, its peak, and the totals added and taken away."""
+class _Pool:
+    """One pool's counts (blocks, bytes, bytes requested), updated in place on every allocation and free.
 
-    __slots__ = ("current", "peak", "allocated", "freed")
+    Every op that makes a tensor passes here, so a pool keeps only what changes per op: current values, totals
+    allocated and peaks. What was freed is worked out when asked (allocated - current + the current value at the
+    last reset of the totals), and the "all" pool from the two real ones, except its peaks, which are kept."""
+
+    __slots__ = ("blocks", "bytes", "requested", "blocks_allocated", "bytes_allocated", "requested_allocated",
+                 "blocks_peak", "bytes_peak", "requested_peak", "base")
 
     def __init__(self):
-        self.current = self.peak = self.allocated = self.freed = 0
-
-    def add(self, amount: int) -> None:
-        self.current += amount
-        self.allocated += amount
-        if self.current > self.peak:
-            self.peak = self.current
-
-    def remove(self, amount: int) -> None:
-        self.current -= amount
-        self.freed += amount
-
-    def as_dict(self) -> dict:
-        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+        self.blocks = self.bytes = self.requested = 0
+        self.blocks_allocated = self.bytes_allocated = self.requested_allocated = 0
+        self.blocks_peak = self.bytes_peak = self.requested_peak = 0
+        self.base = (0, 0, 0)  # (blocks, bytes, requested) current when the totals were last reset
 
 
 class _DeviceStats:
-    """The counted statistics of one GPU, each for all pools, the small pool and the large pool."""
+    """One GPU's small pool (blocks of 1 MiB or less) and large pool, and the peaks of both together."""
+
+    __slots__ = ("pools", "blocks_peak", "bytes_peak", "requested_peak", "num_ooms")
 
     def __init__(self):
-        self.blocks = [Stat() for _ in _POOLS]
-        self.bytes = [Stat() for _ in _POOLS]
-        self.requested = [Stat() for _ in _POOLS]
+        self.pools = (_Pool(), _Pool())
+        self.blocks_peak = self.bytes_peak = self.requested_peak = 0
         self.num_ooms = 0
 
-    def all_stats(self):
-        return (*self.blocks, *self.bytes, *self.requested)
+    @property
+    def allocated_bytes(self) -> int:
+        return self.pools[0].bytes + self.pools[1].bytes
+
+    def as_dicts(self) -> dict:
+        """PyTorch's nested statistics: for blocks, bytes and requested bytes, each of "all" and both pools."""
+        small, large = self.pools
+        result = {}
+        for index, kind in enumerate(("blocks", "bytes", "requested")):
+            per_pool = {}
+            for name, pool in (("small_pool", small), ("large_pool", large)):
+                per_pool[name] = _stat(getattr(pool, kind), getattr(pool, kind + "_peak"),
+                                       getattr(pool, kind + "_allocated"), pool.base[index])
+            per_pool["all"] = _stat(sum(getattr(p, kind) for p in self.pools), getattr(self, kind + "_peak"),
+                                    sum(getattr(p, kind + "_allocated") for p in self.pools),
+                                    sum(p.base[index] for p in self.pools))
+            result[kind] = {name: per_pool[name] for name in _POOLS}
+        return result
+
+
+def _stat(current: int, peak: int, allocated: int, base: int) -> dict:
+    return {"current": current, "peak": peak, "allocated": allocated, "freed": allocated - current + base}
 
 
 class DeviceMemory:
@@ -100,11 +116,11 @@ class DeviceMemory:
 
     @property
     def allocated(self) -> list[int]:
-        return [stats.bytes[0].current for stats in self._stats]
+        return [stats.allocated_bytes for stats in self._stats]
 
     @property
     def peak(self) -> list[int]:
-        return [stats.bytes[0].peak for stats in self._stats]
+        return [stats.bytes_peak for stats in self._stats]
 
     def limit(self, device: int) -> int:
         return int(self.capacity_bytes * self.fraction[device])
@@ -112,7 +128,7 @@ class DeviceMemory:
     def check_fits(self, device: int, nbytes: int) -> None:
         """Raise torch.cuda.OutOfMemoryError, worded like the real one, if nbytes would not fit."""
         nbytes = _round_up(nbytes)
-        allocated = self._stats[device].bytes[0].current
+        allocated = self._stats[device].allocated_bytes
         if allocated + nbytes <= self.limit(device):
             return
         self._stats[device].num_ooms += 1
@@ -128,63 +144,86 @@ class DeviceMemory:
 
     def allocate(self, device: int, nbytes: int, ready_ns: int = 0) -> Block:
         """Count a new storage and return the block whose death gives the bytes back."""
-        rounded = _round_up(nbytes)
-        pool = 1 if rounded <= SMALL_POOL_MAX_BYTES else 2
+        rounded = -(-nbytes // ALLOCATION_GRANULARITY_BYTES) * ALLOCATION_GRANULARITY_BYTES
         with self._lock:
-            self.check_fits(device, nbytes)
             stats = self._stats[device]
-            for index in (0, pool):
-                stats.blocks[index].add(1)
-                stats.bytes[index].add(rounded)
-                stats.requested[index].add(nbytes)
+            small, large = stats.pools
+            total = small.bytes + large.bytes + rounded
+            if total > self.capacity_bytes * self.fraction[device]:
+                self.check_fits(device, nbytes)
+            pool = small if rounded <= SMALL_POOL_MAX_BYTES else large
+            pool.blocks += 1
+            pool.bytes += rounded
+            pool.requested += nbytes
+            pool.blocks_allocated += 1
+            pool.bytes_allocated += rounded
+            pool.requested_allocated += nbytes
+            if pool.bytes > pool.bytes_peak:
+                pool.bytes_peak = pool.bytes
+            if pool.blocks > pool.blocks_peak:
+                pool.blocks_peak = pool.blocks
+            if pool.requested > pool.requested_peak:
+                pool.requested_peak = pool.requested
+            if total > stats.bytes_peak:
+                stats.bytes_peak = total
+            blocks = small.blocks + large.blocks
+            if blocks > stats.blocks_peak:
+                stats.blocks_peak = blocks
+            requested = small.requested + large.requested
+            if requested > stats.requested_peak:
+                stats.requested_peak = requested
             block = Block(self, device, rounded, nbytes, ready_ns)
-            self._live[id(block)] = (device, self._next_address[device], rounded, nbytes)
-            self._next_address[device] += rounded
+            address = self._next_address[device]
+            self._live[id(block)] = (device, address, rounded, nbytes)
+            self._next_address[device] = address + rounded
         return block
 
     def free(self, block: Block) -> None:
-        pool = 1 if block.nbytes <= SMALL_POOL_MAX_BYTES else 2
+        rounded = block.nbytes
         with self._lock:
-            stats = self._stats[block.device]
-            for index in (0, pool):
-                stats.blocks[index].remove(1)
-                stats.bytes[index].remove(block.nbytes)
-                stats.requested[index].remove(block.requested)
+            pool = self._stats[block.device].pools[rounded > SMALL_POOL_MAX_BYTES]
+            pool.blocks -= 1
+            pool.bytes -= rounded
+            pool.requested -= block.requested
             self._live.pop(id(block), None)
 
     def reset_peak(self, device: int) -> None:
         with self._lock:
-            for stat in self._stats[device].all_stats():
-                stat.peak = stat.current
+            stats = self._stats[device]
+            for pool in stats.pools:
+                pool.blocks_peak, pool.bytes_peak, pool.requested_peak = pool.blocks, pool.bytes, pool.requested
+            stats.blocks_peak = sum(pool.blocks for pool in stats.pools)
+            stats.bytes_peak = stats.allocated_bytes
+            stats.requested_peak = sum(pool.requested for pool in stats.pools)
 
     def reset_accumulated(self, device: int) -> None:
         with self._lock:
             stats = self._stats[device]
-            for stat in stats.all_stats():
-                stat.allocated = stat.freed = 0
+            for pool in stats.pools:
+                pool.blocks_allocated = pool.bytes_allocated = pool.requested_allocated = 0
+                pool.base = (pool.blocks, pool.bytes, pool.requested)
             stats.num_ooms = 0
 
     def stats(self, device: int) -> dict:
         """`torch._C._cuda_memoryStats(device)`: the nested dict `torch.cuda.memory_stats` flattens."""
         with self._lock:
             stats = self._stats[device]
-            blocks = {pool: stat.as_dict() for pool, stat in zip(_POOLS, stats.blocks)}
-            nbytes = {pool: stat.as_dict() for pool, stat in zip(_POOLS, stats.bytes)}
-            requested = {pool: stat.as_dict() for pool, stat in zip(_POOLS, stats.requested)}
-            zeros = {pool: Stat().as_dict() for pool in _POOLS}
-            return {
-                "num_alloc_retries": 0,  # nothing is cached, so there is never a cache to flush and retry
-                "num_ooms": stats.num_ooms,
-                "max_split_size": -1,  # PYTORCH_CUDA_ALLOC_CONF max_split_size_mb unset
-                "num_sync_all_streams": 0,
-                "num_device_alloc": blocks["all"]["allocated"],  # one cudaMalloc per block
-                "num_device_free": blocks["all"]["freed"],
-                "allocation": blocks, "segment": blocks, "active": blocks,
-                "allocated_bytes": nbytes, "reserved_bytes": nbytes, "active_bytes": nbytes,
-                "requested_bytes": requested,
-                "inactive_split": zeros, "inactive_split_bytes": zeros,
-                "oversize_allocations": Stat().as_dict(), "oversize_segments": Stat().as_dict(),
-            }
+            counted = stats.as_dicts()
+        blocks, nbytes = counted["blocks"], counted["bytes"]
+        zeros = {pool: _stat(0, 0, 0, 0) for pool in _POOLS}
+        return {
+            "num_alloc_retries": 0,  # nothing is cached, so there is never a cache to flush and retry
+            "num_ooms": stats.num_ooms,
+            "max_split_size": -1,  # PYTORCH_CUDA_ALLOC_CONF max_split_size_mb unset
+            "num_sync_all_streams": 0,
+            "num_device_alloc": blocks["all"]["allocated"],  # one cudaMalloc per block
+            "num_device_free": blocks["all"]["freed"],
+            "allocation": blocks, "segment": blocks, "active": blocks,
+            "allocated_bytes": nbytes, "reserved_bytes": nbytes, "active_bytes": nbytes,
+            "requested_bytes": counted["requested"],
+            "inactive_split": zeros, "inactive_split_bytes": zeros,
+            "oversize_allocations": _stat(0, 0, 0, 0), "oversize_segments": _stat(0, 0, 0, 0),
+        }
 
     def snapshot(self) -> list[dict]:
         """`torch.cuda.memory_snapshot()`: one segment per live block (nothing is cached), no stack frames."""
