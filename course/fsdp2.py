@@ -83,9 +83,11 @@ def _dtensor_is_cuda(original):
 def dtensor_patches() -> list:
     """(DTensor, replacements) for the emulator to put in place once DTensor is imported, else nothing."""
     module = sys.modules.get(DTENSOR_MODULE)
-    if module is None or isinstance(module.DTensor.__dict__.get("device"), property):
+    # another rank thread may be importing DTensor right now: the module is then in sys.modules without
+    # the class yet, and the next call (every group creation and collective makes one) patches it
+    dtensor = getattr(module, "DTensor", None)
+    if dtensor is None or isinstance(dtensor.__dict__.get("device"), property):
         return []
-    dtensor = module.DTensor
     return [(dtensor, {"device": _dtensor_device(dtensor.device), "is_cuda": _dtensor_is_cuda(dtensor.is_cuda)})]
 
 

@@ -13,6 +13,7 @@ gets the generic path, unchanged.
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -156,18 +157,23 @@ def _wrap_tensor_autograd(cls, func, types, args, kwargs):
 
 
 _registered: set = set()
+_register_lock = threading.Lock()
 
 
 def register() -> None:
     """Put the rules in place (once per process; they apply to EmulatedTensors only). The rule for
     `_wrap_tensor_autograd` waits until torch.distributed._functional_collectives is imported: that op is
     defined there, and importing it (with DTensor) costs about a second no program should pay unasked."""
-    if "c10d" not in _registered:
-        for func in _RULES:
-            torch.library.register_torch_dispatch(func, EmulatedTensor, _collective)
-        torch.library.register_torch_dispatch(_ops.wait_tensor.default, EmulatedTensor, _wait_tensor)
-        _registered.add("c10d")
-    if "wrap" not in _registered and "torch.distributed._functional_collectives" in sys.modules:
-        torch.library.register_torch_dispatch(_ops._wrap_tensor_autograd.default, EmulatedTensor,
-                                              _wrap_tensor_autograd)
-        _registered.add("wrap")
+    with _register_lock:  # rank threads create their process groups at the same time
+        if "c10d" not in _registered:
+            for func in _RULES:
+                torch.library.register_torch_dispatch(func, EmulatedTensor, _collective)
+            torch.library.register_torch_dispatch(_ops.wait_tensor.default, EmulatedTensor, _wait_tensor)
+            _registered.add("c10d")
+        # another rank thread may be importing the module right now, before it has defined the op: the next
+        # call (every group creation and collective makes one) registers it
+        if "wrap" not in _registered and "torch.distributed._functional_collectives" in sys.modules \
+                and hasattr(_ops, "_wrap_tensor_autograd"):
+            torch.library.register_torch_dispatch(_ops._wrap_tensor_autograd.default, EmulatedTensor,
+                                                  _wrap_tensor_autograd)
+            _registered.add("wrap")

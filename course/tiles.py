@@ -52,3 +52,33 @@ def plot_difference(whole, tiled, ax=None, title=None):
     ax.set_ylabel("output row (pixels)")
     ax.set_title(title or f"largest error {difference.max().item():.2g}")
     return ax.figure
+
+
+def tile_box(height: int, width: int, grid, index: int) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) of tile `index` (row-major) when a height x width image is cut into a
+    `grid = (rows, cols)` of tiles with `split_bounds`."""
+    rows, cols = grid
+    if not 0 <= index < rows * cols:
+        raise ValueError(f"a {rows} x {cols} grid has tiles 0 to {rows * cols - 1}; got tile {index}")
+    (top, bottom), (left, right) = split_bounds(height, rows)[index // cols], split_bounds(width, cols)[index % cols]
+    return top, bottom, left, right
+
+
+def forward_with_exchange(layers, tile, grid, exchange):
+    """This rank's part of `layers` (an nn.Sequential) on its own tile only: before every convolution the
+    tile is padded with its neighbours' pixels by `exchange(tile, grid, width)`, so the convolution runs
+    unpadded (padding=0) and gives exactly the whole image's values for the tile's pixels.
+
+    Pools must have kernel = stride and tiles must start on the pooling grid, so pools need no halo."""
+    import torch.nn.functional as F
+
+    for layer in layers:
+        if isinstance(layer, nn.Conv2d):
+            if layer.stride != (1, 1) or layer.padding_mode != "zeros" or layer.padding != tuple(
+                    d * (k - 1) // 2 for d, k in zip(layer.dilation, layer.kernel_size)):
+                raise ValueError(f"{layer}: forward_with_exchange needs stride 1 and 'same' zero padding")
+            padded = exchange(tile, grid, layer.padding[0])
+            tile = F.conv2d(padded, layer.weight, layer.bias, dilation=layer.dilation, groups=layer.groups)
+        else:
+            tile = layer(tile)
+    return tile

@@ -40,3 +40,20 @@ def activation_bytes_per_gpu(batch, in_features, out_features, num_gpus):
     result = [4 * (batch * in_features + sizes[0] * out_features + batch * out_features)]
     result += [4 * rows * (in_features + out_features) for rows in sizes[1:]]
     return result + [0] * (num_gpus - len(result))
+
+
+def diagnose_data_parallel(events):
+    """The phase of a DataParallel forward whose events span the longest (first start to last end), and the
+    change that removes it: replicas kept between steps (DDP) for replicate, per-GPU loading for scatter,
+    a loss computed on each GPU for gather, more GPUs when the computation itself dominates."""
+    marks = {"replicate": lambda e: e.kind == "collective" and e.name == "nccl:broadcast",
+             "scatter": lambda e: e.kind == "copy" and e.name.startswith("copy cuda:0->"),
+             "parallel_apply": lambda e: e.kind == "kernel",
+             "gather": lambda e: e.kind == "copy" and e.name.endswith("->cuda:0")}
+    spans = {}
+    for phase, belongs in marks.items():
+        mine = [e for e in events if belongs(e)]
+        spans[phase] = max(e.end_ns for e in mine) - min(e.start_ns for e in mine) if mine else 0
+    phase = max(spans, key=spans.get)
+    fixes = {"replicate": "ddp", "scatter": "load_per_gpu", "parallel_apply": "more_gpus", "gather": "loss_per_gpu"}
+    return phase, fixes[phase]
