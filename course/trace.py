@@ -42,3 +42,23 @@ def merge_intervals(intervals) -> list[tuple[int, int]]:
         else:
             merged.append([start, end])
     return [(start, end) for start, end in merged]
+
+
+def compute_idle_ns(trace, device: str, start_ns: int | None = None) -> int:
+    """Nanoseconds `device` runs no kernel from start_ns (default: its first kernel) to the end of its last kernel:
+    the time a training loop leaves the GPU's compute unused, whatever the reason (the host blocked, a copy the
+    kernels wait for)."""
+    busy = merge_intervals((e.start_ns, e.end_ns) for e in trace if e.kind == "kernel" and e.device == device)
+    if not busy:
+        return 0
+    start_ns = busy[0][0] if start_ns is None else start_ns
+    return busy[-1][1] - start_ns - sum(end - max(start, start_ns) for start, end in busy if end > start_ns)
+
+
+def host_waits_before_last_kernel(trace, device: str) -> list[str]:
+    """Names of the host's waits that end before `device`'s last kernel starts: each one is a point where the
+    host stopped launching work while the GPU still had work to come (a wait at the very end is harmless)."""
+    starts = [e.start_ns for e in trace if e.kind == "kernel" and e.device == device]
+    if not starts:
+        return []
+    return [e.name for e in trace if e.kind == "host" and e.end_ns <= max(starts)]

@@ -305,3 +305,27 @@ def test_shape_only_convolutions_keep_channels_last_as_cudnn_does():
         assert _kernels(emu, "aten::convolution_backward")
         plain = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()(torch.empty(4, 16, 8, 8, device="cuda:0"))
         assert plain.is_contiguous()
+
+
+def test_compute_idle_and_host_waits_read_a_loop_from_the_trace():
+    """compute_idle_ns is the time between a device's kernels (overlapping streams count once, from start_ns
+    when given); host_waits_before_last_kernel names the syncs that stopped the host before the last launch."""
+    from course.trace import compute_idle_ns, host_waits_before_last_kernel
+
+    with course.emulate(gpus=1, materialize=False) as emu:
+        a = torch.empty(4096, 4096, device="cuda:0")
+        torch.cuda.synchronize()
+        start_ns = emu.clock.host_ns
+        a @ a
+        torch.cuda.synchronize()  # the GPU drains, then waits for the host's next launch
+        a @ a
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            a @ a  # overlaps the previous matmul on the default stream
+        torch.cuda.synchronize()
+    first, second, third = _kernels(emu, "aten::mm")
+    assert third.start_ns < second.end_ns  # the side stream's matmul does overlap
+    assert compute_idle_ns(emu.trace, "cuda:0") == second.start_ns - first.end_ns > 0
+    assert compute_idle_ns(emu.trace, "cuda:0", start_ns) == (first.start_ns - start_ns) + (second.start_ns - first.end_ns)
+    assert host_waits_before_last_kernel(emu.trace, "cuda:0") == ["synchronize"]
+    assert compute_idle_ns([], "cuda:0") == 0 and host_waits_before_last_kernel([], "cuda:0") == []

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CH = "01_devices_and_transfers"
-FULL = 12.0
+FULL = 15.0
 
 sys.path.insert(0, str(ROOT))
 from autograder.pipeline import synthetic  # noqa: E402

@@ -41,3 +41,31 @@ class DistributedModel(nn.Module):
 
     def forward(self, x):
         return self.rnn(self.embedding(x).cuda(0))
+
+
+def fast_train(model, optimizer, batches) -> list[float]:
+    """slow_train's training, fixed: batch i+1 is copied on a side stream while cuda:0 computes step i
+    (non-blocking from the loader's pinned memory, so the host does not wait), the compute stream waits for
+    the copy before it reads the batch, and the losses stay on the GPU until one `.tolist()` at the end."""
+    compute_stream = torch.cuda.current_stream(0)
+    copy_stream = torch.cuda.Stream(0)
+
+    def prefetch(batch):
+        with torch.cuda.stream(copy_stream):
+            return [tensor.to("cuda:0", non_blocking=True) for tensor in batch]
+
+    losses = []
+    next_batch = prefetch(batches[0])
+    for step in range(len(batches)):
+        compute_stream.wait_stream(copy_stream)
+        x, y = next_batch
+        for tensor in next_batch:  # allocated on the copy stream, read on the compute stream
+            tensor.record_stream(compute_stream)
+        if step + 1 < len(batches):
+            next_batch = prefetch(batches[step + 1])
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return torch.stack(losses).tolist()
