@@ -1,11 +1,14 @@
-"""Planning a training job: memory per GPU and simulated step time under data, pipeline or tensor parallelism.
+"""Planning a training job: memory per GPU and simulated step time of a parallel plan.
 
-The capstone describes a model as a stack of MLP blocks (`ModelSpec`) and asks which split of it fits a
-machine and trains fastest. Memory comes from counting bytes; step time from running one training step of
-the real-size model on the emulator in shape-only mode (`materialize=False`), so it costs no CPU time.
+The capstone describes a model as a stack of MLP blocks (`ModelSpec`) and a way to spread it over GPUs (`Plan`):
+data parallel with ZeRO stage 0-3 (DDP, ZeRO-1, ZeRO-2, FSDP), a pipeline of stages, tensor parallelism, or a
+hybrid (a data-parallel group of GPUs in every pipeline stage), with or without activation checkpointing. Memory
+comes from counting bytes; step time from running one training step of the real-size model on the emulator in
+shape-only mode (`materialize=False`), so it costs no CPU time.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -13,15 +16,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from course import hardware
-from course.ddp_timing import simulate_ddp_step
+from course import costs, hardware
 from course.emulator import emulate
 from course.pipeline import elapsed_ms, synchronize_all
 
-STRATEGIES = ("data", "pipeline", "tensor")
+SHARDINGS = ("ddp", "zero1", "zero2", "fsdp")  # ZeRO stage 0, 1, 2, 3 of a data-parallel group
 ADAM_STATE_BYTES_PER_PARAM = 8  # Adam's two fp32 moments per parameter (exp_avg, exp_avg_sq)
 MASTER_WEIGHT_BYTES_PER_PARAM = 4  # mixed precision: an fp32 copy of every fp16/bf16 weight, the one Adam updates
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 GiB = 2**30
 
 
@@ -44,8 +48,12 @@ class ModelSpec:
         return torch.empty(0, dtype=self.dtype).element_size()
 
     @property
+    def block_params(self) -> int:
+        return 2 * self.d_model * self.d_hidden
+
+    @property
     def num_params(self) -> int:
-        return self.num_blocks * 2 * self.d_model * self.d_hidden
+        return self.num_blocks * self.block_params
 
     @property
     def flops_per_sample(self) -> int:
@@ -58,11 +66,55 @@ class ModelSpec:
         return self.num_blocks * self.tokens_per_sample * (self.d_model + 2 * self.d_hidden) * self.element_bytes
 
 
-def _check(strategy: str, num_gpus: int) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
-    if num_gpus < 1:
-        raise ValueError(f"num_gpus must be 1 or more; got {num_gpus}")
+@dataclass(frozen=True)
+class Plan:
+    """How a job spreads over `data_parallel` x `pipeline_stages` x `tensor_parallel` GPUs.
+
+    Each pipeline stage holds consecutive blocks and is run by a data-parallel group of `data_parallel` GPUs that
+    share its model states as `sharding` says (ZeRO stage 0-3). Tensor parallelism splits every block; it is
+    simulated alone (one NVLink domain), not combined with the other two. `checkpointing` recomputes each block's
+    activations in backward (`torch.utils.checkpoint`) instead of keeping them. A pipeline runs GPipe with
+    `micro_batches` (default: twice the stages).
+    """
+
+    sharding: str = "ddp"
+    data_parallel: int = 1
+    pipeline_stages: int = 1
+    tensor_parallel: int = 1
+    checkpointing: bool = False
+    micro_batches: int | None = None
+
+    def __post_init__(self):
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {SHARDINGS}; got {self.sharding!r}")
+        if min(self.data_parallel, self.pipeline_stages, self.tensor_parallel) < 1:
+            raise ValueError(f"data_parallel, pipeline_stages and tensor_parallel must be 1 or more; got {self}")
+        if self.tensor_parallel > 1 and self.data_parallel * self.pipeline_stages > 1:
+            raise ValueError("tensor parallelism is simulated alone: give data_parallel=1 and pipeline_stages=1 "
+                             "with tensor_parallel > 1")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.data_parallel * self.pipeline_stages * self.tensor_parallel
+
+    @property
+    def zero_stage(self) -> int:
+        return SHARDINGS.index(self.sharding) if self.data_parallel > 1 else 0
+
+    @property
+    def num_micro_batches(self) -> int:
+        return (self.micro_batches or 2 * self.pipeline_stages) if self.pipeline_stages > 1 else 1
+
+    def __str__(self) -> str:
+        parts = []
+        if self.tensor_parallel > 1:
+            parts.append(f"tensor parallel x{self.tensor_parallel}")
+        if self.data_parallel > 1:
+            parts.append(f"{self.sharding} x{self.data_parallel}")
+        if self.pipeline_stages > 1:
+            parts.append(f"pipeline x{self.pipeline_stages}")
+        text = " in each of ".join(parts) if parts else "one GPU"
+        return text + (" + checkpointing" if self.checkpointing else "")
 
 
 def master_bytes_per_param(spec: ModelSpec) -> int:
@@ -70,65 +122,76 @@ def master_bytes_per_param(spec: ModelSpec) -> int:
     return MASTER_WEIGHT_BYTES_PER_PARAM if spec.element_bytes < 4 else 0
 
 
-def memory_per_gpu(spec: ModelSpec, strategy: str, num_gpus: int, global_batch: int) -> dict[str, int]:
+def memory_per_gpu(spec: ModelSpec, plan: Plan, global_batch: int) -> dict[str, int]:
     """Bytes on the busiest GPU: parameters, gradients, fp32 master weights, Adam's moments, activations, total.
 
-    Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1): 2 bytes of fp16/bf16 weights,
-    2 of gradients, and 12 of what the paper calls optimizer state (4 of fp32 master weights, 4 + 4 of
-    Adam's moments): 16 bytes per parameter. A model trained in fp32 needs no master copy: 4 + 4 + 8.
+    Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1): 2 bytes of fp16/bf16 weights, 2 of
+    gradients, and K = 12 of optimizer state (4 of fp32 master weights, 4 + 4 of Adam's moments): 16 bytes per
+    parameter. A model trained in fp32 needs no master copy: 4 + 4 + 8.
 
-    data: every GPU holds the whole model and ceil(batch / n) samples' activations.
-    pipeline: GPU i holds ceil(blocks / n) whole blocks and, as GPipe keeps every micro-batch's
-    activations until backward, those blocks' activations for the whole batch.
-    tensor: every block's W1 columns and W2 rows are split n ways; each GPU keeps the block inputs for the
-    whole batch and 1/n of the hidden activations.
+    A GPU holds ceil(blocks / stages) blocks, each split tensor_parallel ways; its data-parallel group of N GPUs
+    shards the optimizer state from ZeRO stage 1, the gradients from stage 2 and the weights from stage 3 (each
+    GPU keeps ceil(1/N)). Stage 3 (FSDP) also holds, while it computes, the all-gathered weights of two blocks (the
+    one running and the one prefetched) and one block's unsharded gradients.
+
+    Activations: ceil(batch / data_parallel) samples of the GPU's blocks; a GPipe stage keeps all its micro-batches'
+    until backward; tensor parallelism keeps the block inputs whole and 1/n of the hidden layer. With checkpointing
+    only each block's input is kept, plus one block's full activations (one micro-batch's) while it is recomputed.
     """
-    _check(strategy, num_gpus)
-    params = spec.num_params
-    if strategy == "data":
-        params_here = params
-        activations = math.ceil(global_batch / num_gpus) * spec.activation_bytes_per_sample
-    elif strategy == "pipeline":
-        blocks_here = math.ceil(spec.num_blocks / num_gpus)
-        params_here = params * blocks_here // spec.num_blocks
-        activations = global_batch * spec.activation_bytes_per_sample * blocks_here // spec.num_blocks
+    blocks = math.ceil(spec.num_blocks / plan.pipeline_stages)
+    hidden = math.ceil(spec.d_hidden / plan.tensor_parallel)
+    params = blocks * 2 * spec.d_model * hidden
+    samples = math.ceil(global_batch / plan.data_parallel)
+    rows_per_sample = spec.tokens_per_sample * spec.element_bytes
+    block_activations = rows_per_sample * (spec.d_model + 2 * hidden)
+    if plan.checkpointing:
+        micro_batch = math.ceil(samples / plan.num_micro_batches)
+        activations = samples * blocks * rows_per_sample * spec.d_model + micro_batch * block_activations
     else:
-        params_here = math.ceil(params / num_gpus)
-        activations = (global_batch * spec.num_blocks * spec.tokens_per_sample * spec.element_bytes
-                       * (spec.d_model + 2 * math.ceil(spec.d_hidden / num_gpus)))
-    table = {"params": params_here * spec.element_bytes, "grads": params_here * spec.element_bytes,
-             "master": params_here * master_bytes_per_param(spec),
-             "optimizer": params_here * ADAM_STATE_BYTES_PER_PARAM, "activations": activations}
+        activations = samples * blocks * block_activations
+    n, stage = plan.data_parallel, plan.zero_stage
+    table = {"params": params * spec.element_bytes, "grads": params * spec.element_bytes,
+             "master": params * master_bytes_per_param(spec), "optimizer": params * ADAM_STATE_BYTES_PER_PARAM}
+    for key, from_stage in (("master", 1), ("optimizer", 1), ("grads", 2), ("params", 3)):
+        if stage >= from_stage:
+            table[key] = math.ceil(table[key] / n)
+    if stage == 3:
+        block_bytes = 2 * spec.d_model * hidden * spec.element_bytes
+        table["params"] += 2 * block_bytes
+        table["grads"] += block_bytes
+    table["activations"] = activations
     table["total"] = sum(table.values())
     return table
 
 
-def zero_memory_per_gpu(spec: ModelSpec, stage: int, num_gpus: int, global_batch: int) -> dict[str, int]:
-    """Data parallel with ZeRO stage 0-3 (Rajbhandari et al. 2020): `memory_per_gpu(..., "data", ...)` with
-    shards of 1/num_gpus (rounded up) of the optimizer state (master weights and Adam's moments) from stage 1,
-    of the gradients from stage 2, of the parameters from stage 3. Stage 0 is plain DDP. PyTorch offers stage 1
-    as `ZeroRedundancyOptimizer` and stage 3 as FSDP (`fully_shard`). Stage 3 also holds, for a moment, the
-    all-gathered parameters of the layer it is computing; that transient is not counted here.
-    """
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}")
-    table = memory_per_gpu(spec, "data", num_gpus, global_batch)
-    del table["total"]
-    sharded = {1: ("master", "optimizer"), 2: ("master", "optimizer", "grads"),
-               3: ("master", "optimizer", "grads", "params")}.get(stage, ())
-    for key in sharded:
-        table[key] = math.ceil(table[key] / num_gpus)
-    table["total"] = sum(table.values())
-    return table
-
-
-def fits(spec: ModelSpec, strategy: str, num_gpus: int, global_batch: int, gpu="A100-80GB") -> bool:
+def fits(spec: ModelSpec, plan: Plan, global_batch: int, gpu="A100-80GB") -> bool:
     """Whether `memory_per_gpu(...)["total"]` fits in one GPU of the preset."""
-    return memory_per_gpu(spec, strategy, num_gpus, global_batch)["total"] <= hardware.gpu(gpu).memory_bytes
+    return memory_per_gpu(spec, plan, global_batch)["total"] <= hardware.gpu(gpu).memory_bytes
+
+
+def candidate_plans(num_gpus: int, gpus_per_node: int | None = None) -> list[Plan]:
+    """The plans the capstone's planner weighs, each with and without activation checkpointing.
+
+    Data parallel with every sharding over all GPUs; a pipeline of one GPU per stage; tensor parallelism over all
+    GPUs only if they are one node (it needs NVLink: an all-reduce every block); and with several nodes, hybrids:
+    data parallel within each node (DDP or FSDP), a pipeline stage per node.
+    """
+    gpus_per_node = gpus_per_node or num_gpus
+    if num_gpus < 1 or num_gpus % gpus_per_node:
+        raise ValueError(f"num_gpus must be a positive multiple of gpus_per_node; got {num_gpus} and {gpus_per_node}")
+    plans = [Plan(sharding, data_parallel=num_gpus) for sharding in SHARDINGS] if num_gpus > 1 else [Plan()]
+    if num_gpus > 1:
+        plans.append(Plan(pipeline_stages=num_gpus))
+        if num_gpus == gpus_per_node:
+            plans.append(Plan(tensor_parallel=num_gpus))
+    nodes = num_gpus // gpus_per_node
+    if nodes > 1 and gpus_per_node > 1:
+        plans += [Plan(sharding, data_parallel=gpus_per_node, pipeline_stages=nodes) for sharding in ("ddp", "fsdp")]
+    return plans + [dataclasses.replace(plan, checkpointing=True) for plan in plans]
 
 
 class _Cast(nn.Module):
-    """Turns simulate_ddp_step's float32 input into the model's dtype."""
+    """Turns the float32 input into the model's dtype."""
 
     def __init__(self, dtype):
         super().__init__()
@@ -139,13 +202,17 @@ class _Cast(nn.Module):
 
 
 class _Block(nn.Module):
-    def __init__(self, d_model: int, d_hidden: int, dtype):
+    def __init__(self, d_model: int, d_hidden: int, dtype, checkpointing: bool = False):
         super().__init__()
         self.up = nn.Linear(d_model, d_hidden, bias=False, dtype=dtype)
         self.down = nn.Linear(d_hidden, d_model, bias=False, dtype=dtype)
+        self.checkpointing = checkpointing
+
+    def _run(self, x):
+        return self.down(F.gelu(self.up(x)))
 
     def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
+        return checkpoint(self._run, x, use_reentrant=False) if self.checkpointing else self._run(x)
 
 
 def _model(spec: ModelSpec) -> nn.Module:
@@ -180,10 +247,8 @@ class MixedPrecisionAdam:
     `torch.amp.GradScaler.unscale_` runs; fp16 needs a loss scale, or small gradients underflow to zero; bf16
     has fp32's exponent range and needs none), runs Adam on the masters and copies them back into the
     low-precision weights. fp32 weights are updated directly. Adam's state is made in the constructor, so a
-    timed step is a steady-state one. A real GradScaler multiplies the loss by the scale before backward and
-    reads the inf flag on the host to skip the step on overflow; the planner's loss is not scaled
-    (`loss_scale=1`: the unscale kernel costs the same whatever the scale) and shape-only mode has no flag
-    value to read, so a step here never skips.
+    timed step is a steady-state one. The planner trains in bf16 (`loss_scale=1`, the unscale kernel costs the
+    same whatever the scale); shape-only mode has no inf flag to read, so a step here never skips.
     """
 
     def __init__(self, parameters, lr=1e-4, loss_scale=1.0):
@@ -226,76 +291,215 @@ class MixedPrecisionAdam:
 class StepEstimate:
     """One simulated training step: its time and the emulator's trace for the timeline."""
 
-    strategy: str
-    num_gpus: int
+    plan: Plan
     step_ms: float
     trace: list
 
     def plot_timeline(self, **kwargs):
         from course import plots
 
-        kwargs.setdefault("title", f"one training step, {self.strategy} parallel on {self.num_gpus} GPUs")
+        kwargs.setdefault("title", f"one training step, {self.plan} on {self.plan.num_gpus} GPUs")
         return plots.plot_timeline(self.trace, **kwargs)
 
 
-@functools.lru_cache(maxsize=32)  # the same plan is often asked for twice: a table, then its timeline
-def simulate_step(spec: ModelSpec, strategy: str, num_gpus: int, global_batch: int, gpu="A100-80GB",
-                  link="nvlink3", micro_batches: int | None = None) -> StepEstimate:
-    """Simulated time of one training step (forward, backward, mixed-precision Adam update) in shape-only mode.
+class _Group:
+    """One data-parallel group (the GPUs of one pipeline stage): its communication streams and collectives.
 
-    The update is `MixedPrecisionAdam`: fp32 master weights, unscaled gradients, Adam, weights copied back.
-
-    data: `simulate_ddp_step` with ceil(batch / n) samples per GPU (bucketed all-reduce overlapping backward).
-    pipeline: blocks split into n consecutive stages, GPipe: all micro-batches forward (2 per stage by
-    default), then one backward through all of them; activations travel between stages with `.to()`.
-    tensor: Megatron-style split of every block, one all-reduce per block forward and one backward.
+    Ranks are symmetric, so only the group's first GPU computes; its collectives run on every member's
+    communication stream, timed by the course's NCCL model on `link`, as `course.ddp_timing` does for DDP.
     """
-    _check(strategy, num_gpus)
+
+    def __init__(self, emu, devices: list[int], link, sharding: str):
+        self.emu, self.devices, self.link, self.sharding = emu, devices, hardware.link(link), sharding
+        self.streams = [torch.cuda.Stream(device=d) for d in devices]
+        self.bucket = [0, 0]  # bytes, ready_ns
+        self.gathered: set[int] = set()  # indices of the blocks whose weights are all-gathered now
+
+    def compute_ready_ns(self) -> int:
+        device = self.devices[0]
+        return self.emu.clock.stream_ready(device, torch.cuda.current_stream(device).stream_id)
+
+    def collective(self, name: str, nbytes: int, ready_ns: int = 0) -> None:
+        if len(self.devices) == 1:
+            return
+        duration = {"nccl:all_reduce": costs.ring_allreduce_ns, "nccl:all_gather": costs.ring_allgather_ns,
+                    "nccl:reduce_scatter": costs.ring_reduce_scatter_ns}[name](self.link, nbytes, len(self.devices))
+        self.emu.clock.launch_collective(name, [(d, s.stream_id) for d, s in zip(self.devices, self.streams)],
+                                         duration, ready_ns, nbytes)
+
+    def wait(self) -> None:
+        """The compute stream waits for every collective launched so far."""
+        torch.cuda.current_stream(self.devices[0]).wait_stream(self.streams[0])
+
+
+# A pipeline's micro-batches all go back in one backward() (GPipe), and autograd sums a weight's gradients from
+# every micro-batch before accumulating them into .grad once: the hooks below fire once per step.
+
+def _bucket_hooks(stage: nn.Module, group: _Group) -> None:
+    """DDP and ZeRO-1/2: gradients join 25 MiB buckets as backward makes them; a full bucket is all-reduced (DDP)
+    or reduce-scattered (ZeRO), the last one when the stage's first parameter, reached last, is done."""
+    first = next(stage.parameters())
+    name = "nccl:all_reduce" if group.sharding == "ddp" else "nccl:reduce_scatter"
+
+    def made(param):
+        group.bucket = [group.bucket[0] + param.grad.numel() * param.grad.element_size(),
+                        max(group.bucket[1], param.grad.ready_ns)]
+        if group.bucket[0] >= DDP_BUCKET_BYTES or param is first:
+            group.collective(name, *group.bucket)
+            group.bucket = [0, 0]
+
+    for p in stage.parameters():
+        p.register_post_accumulate_grad_hook(made)
+
+
+def _fsdp_hooks(stage: nn.Module, group: _Group) -> None:
+    """FSDP: all-gather a block's weights before its forward and again when backward reaches it, the next block's
+    too (prefetch), free them after; reduce-scatter a block's gradients once both are made."""
+    blocks = list(stage)
+    nbytes = sum(p.numel() * p.element_size() for p in blocks[0].parameters())
+
+    def gather(index: int, step: int):
+        for i in (index, index + step):
+            if 0 <= i < len(blocks) and i not in group.gathered:
+                group.gathered.add(i)
+                group.collective("nccl:all_gather", nbytes)
+        group.wait()
+
+    def after_forward(module, args, output, index):
+        group.gathered.discard(index)
+        if output.requires_grad:
+            output.register_hook(lambda grad: gather(index, -1))  # backward reaches this block
+
+    for index, block in enumerate(blocks):
+        params = list(block.parameters())
+        block.register_forward_pre_hook(lambda module, args, i=index: gather(i, +1))
+        block.register_forward_hook(functools.partial(after_forward, index=index))
+
+        def made(param, i=index, params=params):
+            group.gathered.discard(i)
+            if param is params[0]:  # up.weight: backward reaches it after down.weight
+                group.collective("nccl:reduce_scatter", nbytes, max(p.grad.ready_ns for p in params))
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(made)
+
+
+def _shard_optimizer(stage: nn.Module, group: _Group):
+    """Adam on this GPU's 1/N of the stage's weights (ZeRO stages 1-3), as one flat bf16 shard with its gradient."""
+    numel = sum(p.numel() for p in stage.parameters())
+    dtype = next(stage.parameters()).dtype
+    shard = torch.empty(math.ceil(numel / len(group.devices)), dtype=dtype, device=f"cuda:{group.devices[0]}",
+                        requires_grad=True)
+    shard.grad = torch.empty_like(shard)
+    return MixedPrecisionAdam([shard]), numel * shard.element_size()
+
+
+def _simulate_tensor_parallel(spec: ModelSpec, plan: Plan, global_batch: int):
+    """Megatron-style split of every block, one all-reduce per block forward and one backward."""
+    n = plan.tensor_parallel
+    shards = []
+    for gpu_index in range(n):
+        with torch.device(f"cuda:{gpu_index}"):
+            shards.append([_Block(spec.d_model, math.ceil(spec.d_hidden / n), spec.dtype, plan.checkpointing)
+                           for _ in range(spec.num_blocks)])
+    optimizer = MixedPrecisionAdam([p for blocks in shards for block in blocks for p in block.parameters()])
     rows = global_batch * spec.tokens_per_sample
-    if strategy == "data":
-        step = simulate_ddp_step(lambda: _model(spec), (math.ceil(global_batch / num_gpus) * spec.tokens_per_sample,
-                                                        spec.d_model), num_gpus, gpu=gpu, link=link,
-                                 optimizer=MixedPrecisionAdam)
-        return StepEstimate(strategy, num_gpus, step.step_ms, step.trace)
-    with emulate(gpus=num_gpus, gpu=gpu, link=link, materialize=False, force=True) as emu:
-        if strategy == "pipeline":
-            stages = []
-            for stage, blocks in enumerate(torch.tensor_split(torch.arange(spec.num_blocks), num_gpus)):
-                with torch.device(f"cuda:{stage}"):
-                    stages.append(nn.Sequential(*[_Block(spec.d_model, spec.d_hidden, spec.dtype) for _ in blocks]))
-            parameters = [p for stage in stages for p in stage.parameters()]
-            count = micro_batches or 2 * num_gpus
-            inputs = [torch.empty(len(rows_part), spec.d_model, dtype=spec.dtype, device="cuda:0")
-                      for rows_part in torch.arange(rows).tensor_split(count) if len(rows_part)]
+    inputs = [torch.empty(rows, spec.d_model, dtype=spec.dtype, device=f"cuda:{i}") for i in range(n)]
 
-            def step():
-                losses = []
-                for x in inputs:
-                    for stage, module in enumerate(stages):
-                        x = module(x.to(f"cuda:{stage}"))
-                    losses.append(x.float().square().mean())
-                torch.stack([loss.to("cuda:0") for loss in losses]).sum().backward()
-                optimizer.step()
+    def step():
+        xs = inputs
+        for index in range(spec.num_blocks):
+            partials = [shards[i][index](xs[i]) for i in range(n)]
+            xs = _AllReduceSum.apply(*partials) if n > 1 else partials
+        xs[0].float().square().mean().backward()
+        optimizer.step()
+
+    return step
+
+
+def _simulate_pipeline_of_groups(emu, spec: ModelSpec, plan: Plan, global_batch: int, link):
+    """Pipeline stages (GPipe) whose GPUs form data-parallel groups: stage s runs on GPUs s*N .. s*N + N-1."""
+    n = plan.data_parallel
+    stages, groups, optimizers = [], [], []
+    for stage, blocks in enumerate(torch.tensor_split(torch.arange(spec.num_blocks), plan.pipeline_stages)):
+        group = _Group(emu, list(range(stage * n, stage * n + n)), link, plan.sharding)
+        with torch.device(f"cuda:{group.devices[0]}"):
+            module = nn.Sequential(*[_Block(spec.d_model, spec.d_hidden, spec.dtype, plan.checkpointing)
+                                     for _ in blocks])
+        if n > 1:
+            (_fsdp_hooks if plan.sharding == "fsdp" else _bucket_hooks)(module, group)
+        sharded = n > 1 and plan.sharding != "ddp"
+        optimizers.append(_shard_optimizer(module, group) if sharded else (MixedPrecisionAdam(module.parameters()), 0))
+        stages.append(module)
+        groups.append(group)
+    rows = math.ceil(global_batch / n) * spec.tokens_per_sample
+    inputs = [torch.empty(len(part), spec.d_model, dtype=spec.dtype, device="cuda:0")
+              for part in torch.arange(rows).tensor_split(plan.num_micro_batches) if len(part)]
+
+    def step():
+        losses = []
+        for x in inputs:
+            for module, group in zip(stages, groups):
+                x = module(x.to(f"cuda:{group.devices[0]}"))
+            losses.append(x.float().square().mean())
+        torch.stack([loss.to("cuda:0") for loss in losses]).sum().backward()  # GPipe: one backward for all
+        for group, (optimizer, gather_bytes) in zip(groups, optimizers):
+            group.wait()
+            optimizer.step()
+            if plan.sharding in ("zero1", "zero2"):  # the updated shards, all-gathered into every GPU's weights
+                group.collective("nccl:all_gather", gather_bytes, group.compute_ready_ns())
+                group.wait()
+
+    return step, groups
+
+
+def _copy_compute_to_group(emu, groups: list[_Group], start_ns: int) -> None:
+    """Ranks of a group are symmetric: show its first GPU's kernels on every member's compute lane too."""
+    for group in groups:
+        kernels = [e for e in emu.clock.trace if e.kind in ("kernel", "copy") and e.device == f"cuda:{group.devices[0]}"
+                   and e.start_ns >= start_ns]
+        emu.clock.record(e._replace(device=f"cuda:{d}") for d in group.devices[1:] for e in kernels)
+
+
+def _links(plan: Plan, link, gpus_per_node: int | None, node_link) -> tuple[str, str]:
+    """(link of a data-parallel or tensor-parallel group, link between pipeline stages): `node_link` where they
+    cross from one node to another, else `link`. Every stage boundary is costed at the slowest one."""
+    gpus_per_node = gpus_per_node or plan.num_gpus
+    if plan.num_gpus > gpus_per_node and node_link is None:
+        raise ValueError(f"{plan} needs {plan.num_gpus} GPUs, more than one node of {gpus_per_node}: give node_link, "
+                         "the link between nodes")
+    group = plan.data_parallel * plan.tensor_parallel
+    group_link = link if group <= gpus_per_node else node_link
+    crosses = any((s * group) // gpus_per_node != ((s + 1) * group) // gpus_per_node
+                  for s in range(plan.pipeline_stages - 1))
+    return group_link, node_link if crosses else link
+
+
+@functools.lru_cache(maxsize=64)  # the same plan is often asked for twice: a table, then its timeline
+def simulate_step(spec: ModelSpec, plan: Plan, global_batch: int, gpu="A100-80GB", link="nvlink3",
+                  gpus_per_node: int | None = None, node_link: str | None = None) -> StepEstimate:
+    """Simulated time of one bf16 training step (forward, backward, mixed-precision Adam) in shape-only mode.
+
+    The GPUs sit in nodes of `gpus_per_node` (default: one node) joined by `link` within a node and `node_link`
+    between nodes. Boundary activations travel between pipeline stages with `.to()`. Within a data-parallel group
+    DDP all-reduces 25 MiB buckets of gradients as backward makes them; ZeRO-1/2 reduce-scatter them instead, step
+    Adam on a 1/N shard and all-gather the updated weights; FSDP all-gathers each block's weights before its
+    forward and when backward reaches it (prefetching the next block's) and reduce-scatters its gradients. Only
+    time is simulated: memory is `memory_per_gpu`'s count, so the emulated GPUs' capacity is not enforced here.
+    """
+    group_link, stage_link = _links(plan, link, gpus_per_node, node_link)
+    big_gpu = dataclasses.replace(hardware.gpu(gpu), memory_bytes=2**62)
+    groups = []
+    with emulate(gpus=plan.num_gpus, gpu=big_gpu, link=stage_link if plan.pipeline_stages > 1 else group_link,
+                 materialize=False, force=True) as emu:
+        if plan.tensor_parallel > 1:
+            step = _simulate_tensor_parallel(spec, plan, global_batch)
         else:
-            shards = []
-            for gpu_index in range(num_gpus):
-                with torch.device(f"cuda:{gpu_index}"):
-                    shards.append([_Block(spec.d_model, math.ceil(spec.d_hidden / num_gpus), spec.dtype)
-                                   for _ in range(spec.num_blocks)])
-            parameters = [p for blocks in shards for block in blocks for p in block.parameters()]
-            inputs = [torch.empty(rows, spec.d_model, dtype=spec.dtype, device=f"cuda:{i}") for i in range(num_gpus)]
-
-            def step():
-                xs = inputs
-                for index in range(spec.num_blocks):
-                    partials = [shards[i][index](xs[i]) for i in range(num_gpus)]
-                    xs = _AllReduceSum.apply(*partials) if num_gpus > 1 else partials
-                xs[0].float().square().mean().backward()
-                optimizer.step()
-
-        optimizer = MixedPrecisionAdam(parameters)
+            step, groups = _simulate_pipeline_of_groups(emu, spec, plan, global_batch, group_link)
         synchronize_all()
         start_ms = emu.now_ms()
         step_ms, _ = elapsed_ms(step)
-    trace = [e for e in emu.trace if e.start_ns >= start_ms * 1e6]
-    return StepEstimate(strategy, num_gpus, step_ms, trace)
+        start_ns = round(start_ms * 1e6)
+        _copy_compute_to_group(emu, groups, start_ns)
+    trace = [e for e in emu.trace if e.start_ns >= start_ns]
+    return StepEstimate(plan, step_ms, trace)
