@@ -169,38 +169,6 @@ def fits(spec: ModelSpec, plan: Plan, global_batch: int, gpu="A100-80GB") -> boo
     return memory_per_gpu(spec, plan, global_batch)["total"] <= hardware.gpu(gpu).memory_bytes
 
 
-def candidate_plans(num_gpus: int, gpus_per_node: int | None = None) -> list[Plan]:
-    """The plans the capstone's planner weighs, each with and without activation checkpointing.
-
-    Data parallel with every sharding over all GPUs; a pipeline of one GPU per stage; tensor parallelism over all
-    GPUs only if they are one node (it needs NVLink: an all-reduce every block); and with several nodes, hybrids:
-    data parallel within each node (DDP or FSDP), a pipeline stage per node.
-    """
-    gpus_per_node = gpus_per_node or num_gpus
-    if num_gpus < 1 or num_gpus % gpus_per_node:
-        raise ValueError(f"num_gpus must be a positive multiple of gpus_per_node; got {num_gpus} and {gpus_per_node}")
-    plans = [Plan(sharding, data_parallel=num_gpus) for sharding in SHARDINGS] if num_gpus > 1 else [Plan()]
-    if num_gpus > 1:
-        plans.append(Plan(pipeline_stages=num_gpus))
-        if num_gpus == gpus_per_node:
-            plans.append(Plan(tensor_parallel=num_gpus))
-    nodes = num_gpus // gpus_per_node
-    if nodes > 1 and gpus_per_node > 1:
-        plans += [Plan(sharding, data_parallel=gpus_per_node, pipeline_stages=nodes) for sharding in ("ddp", "fsdp")]
-    return plans + [dataclasses.replace(plan, checkpointing=True) for plan in plans]
-
-
-class _Cast(nn.Module):
-    """Turns the float32 input into the model's dtype."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        self.dtype = dtype
-
-    def forward(self, x):
-        return x.to(self.dtype)
-
-
 class _Block(nn.Module):
     def __init__(self, d_model: int, d_hidden: int, dtype, checkpointing: bool = False):
         super().__init__()
@@ -213,11 +181,6 @@ class _Block(nn.Module):
 
     def forward(self, x):
         return checkpoint(self._run, x, use_reentrant=False) if self.checkpointing else self._run(x)
-
-
-def _model(spec: ModelSpec) -> nn.Module:
-    return nn.Sequential(_Cast(spec.dtype), *[_Block(spec.d_model, spec.d_hidden, spec.dtype)
-                                             for _ in range(spec.num_blocks)])
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -475,7 +438,6 @@ def _links(plan: Plan, link, gpus_per_node: int | None, node_link) -> tuple[str,
     return group_link, node_link if crosses else link
 
 
-@functools.lru_cache(maxsize=64)  # the same plan is often asked for twice: a table, then its timeline
 def simulate_step(spec: ModelSpec, plan: Plan, global_batch: int, gpu="A100-80GB", link="nvlink3",
                   gpus_per_node: int | None = None, node_link: str | None = None) -> StepEstimate:
     """Simulated time of one bf16 training step (forward, backward, mixed-precision Adam) in shape-only mode.
@@ -487,7 +449,11 @@ def simulate_step(spec: ModelSpec, plan: Plan, global_batch: int, gpu="A100-80GB
     forward and when backward reaches it (prefetching the next block's) and reduce-scatters its gradients. Only
     time is simulated: memory is `memory_per_gpu`'s count, so the emulated GPUs' capacity is not enforced here.
     """
-    group_link, stage_link = _links(plan, link, gpus_per_node, node_link)
+    return _simulate_step(spec, plan, global_batch, gpu, *_links(plan, link, gpus_per_node, node_link))
+
+
+@functools.lru_cache(maxsize=128)  # the same plan is often asked for twice: a table, then its timeline or a test
+def _simulate_step(spec: ModelSpec, plan: Plan, global_batch: int, gpu, group_link, stage_link) -> StepEstimate:
     big_gpu = dataclasses.replace(hardware.gpu(gpu), memory_bytes=2**62)
     groups = []
     with emulate(gpus=plan.num_gpus, gpu=big_gpu, link=stage_link if plan.pipeline_stages > 1 else group_link,

@@ -12,7 +12,8 @@ SMALL = planning.ModelSpec("small", num_blocks=4, d_model=256, d_hidden=1024, to
 def test_parameter_bytes_match_the_emulated_model():
     with course.emulate(gpus=1, materialize=False, force=True):
         with torch.device("cuda:0"):
-            model = planning._model(SMALL)
+            model = torch.nn.Sequential(*[planning._Block(SMALL.d_model, SMALL.d_hidden, SMALL.dtype)
+                                          for _ in range(SMALL.num_blocks)])
         allocated = torch.cuda.memory_allocated(0)
         del model
     assert allocated == planning.memory_per_gpu(SMALL, Plan(), 1)["params"]
@@ -55,7 +56,7 @@ def test_bad_plans_are_named():
                          ids=str)
 def test_simulated_steps_are_deterministic_and_use_every_gpu(plan):
     first = planning.simulate_step(SMALL, plan, 8)
-    planning.simulate_step.cache_clear()
+    planning._simulate_step.cache_clear()
     second = planning.simulate_step(SMALL, plan, 8)
     assert first.step_ms == second.step_ms > 0
     assert {e.device for e in first.trace if e.kind == "kernel"} == {f"cuda:{i}" for i in range(plan.num_gpus)}
@@ -78,15 +79,6 @@ def test_a_data_parallel_group_across_nodes_runs_at_the_node_link():
     across = planning.simulate_step(SMALL, Plan(data_parallel=4), 8, link="nvlink3", gpus_per_node=2,
                                     node_link="pcie3")
     assert across.step_ms > within.step_ms
-
-
-def test_candidate_plans_keep_tensor_parallelism_in_a_node_and_add_hybrids_across_nodes():
-    one_node = {str(p) for p in planning.candidate_plans(8)}
-    two_nodes = {str(p) for p in planning.candidate_plans(16, 8)}
-    assert "tensor parallel x8" in one_node and not any("tensor" in p for p in two_nodes)
-    assert {"fsdp x8 in each of pipeline x2", "ddp x8 in each of pipeline x2 + checkpointing"} <= two_nodes
-    with pytest.raises(ValueError, match="multiple of gpus_per_node"):
-        planning.candidate_plans(12, 8)
 
 
 def test_tensor_parallel_all_reduces_twice_per_block():
