@@ -1,9 +1,10 @@
-"""course.planning: memory per plan against the emulator's own counts and the ZeRO paper, and simulated steps that behave."""
+"""course.planning and course.simulated_step: memory per plan against the emulator's own counts and the ZeRO paper,
+and simulated steps that behave."""
 import pytest
 import torch
 
 import course
-from course import planning
+from course import planning, simulated_step
 from course.planning import Plan
 
 SMALL = planning.ModelSpec("small", num_blocks=4, d_model=256, d_hidden=1024, tokens_per_sample=16)
@@ -12,7 +13,7 @@ SMALL = planning.ModelSpec("small", num_blocks=4, d_model=256, d_hidden=1024, to
 def test_parameter_bytes_match_the_emulated_model():
     with course.emulate(gpus=1, materialize=False, force=True):
         with torch.device("cuda:0"):
-            model = torch.nn.Sequential(*[planning._Block(SMALL.d_model, SMALL.d_hidden, SMALL.dtype)
+            model = torch.nn.Sequential(*[simulated_step._Block(SMALL.d_model, SMALL.d_hidden, SMALL.dtype)
                                           for _ in range(SMALL.num_blocks)])
         allocated = torch.cuda.memory_allocated(0)
         del model
@@ -48,16 +49,18 @@ def test_bad_plans_are_named():
         Plan("diagonal", data_parallel=2)
     with pytest.raises(ValueError, match="tensor parallelism is simulated alone"):
         Plan(data_parallel=2, tensor_parallel=2)
+    with pytest.raises(TypeError, match="plan must be a planning.Plan"):
+        planning.memory_per_gpu(SMALL, "ddp", 8)
     with pytest.raises(ValueError, match="give node_link"):
-        planning.simulate_step(SMALL, Plan(data_parallel=4), 8, gpus_per_node=2)
+        simulated_step.simulate_step(SMALL, Plan(data_parallel=4), 8, gpus_per_node=2)
 
 
 @pytest.mark.parametrize("plan", SPLITS + [Plan("zero2", 2), Plan("fsdp", 2), Plan("fsdp", 2, 2, checkpointing=True)],
                          ids=str)
 def test_simulated_steps_are_deterministic_and_use_every_gpu(plan):
-    first = planning.simulate_step(SMALL, plan, 8)
-    planning._simulate_step.cache_clear()
-    second = planning.simulate_step(SMALL, plan, 8)
+    first = simulated_step.simulate_step(SMALL, plan, 8)
+    simulated_step._simulate_step.cache_clear()
+    second = simulated_step.simulate_step(SMALL, plan, 8)
     assert first.step_ms == second.step_ms > 0
     assert {e.device for e in first.trace if e.kind == "kernel"} == {f"cuda:{i}" for i in range(plan.num_gpus)}
 
@@ -65,7 +68,7 @@ def test_simulated_steps_are_deterministic_and_use_every_gpu(plan):
 def test_collectives_follow_the_zero_stage():
     counts = {}
     for sharding in planning.SHARDINGS:
-        trace = planning.simulate_step(SMALL, Plan(sharding, data_parallel=2), 8).trace
+        trace = simulated_step.simulate_step(SMALL, Plan(sharding, data_parallel=2), 8).trace
         names = [e.name for e in trace if e.kind == "collective" and e.device == "cuda:0"]
         counts[sharding] = {name: names.count(name) for name in set(names)}
     assert counts["ddp"] == {"nccl:all_reduce": 1}  # 4 MiB of gradients: one bucket
@@ -75,14 +78,14 @@ def test_collectives_follow_the_zero_stage():
 
 
 def test_a_data_parallel_group_across_nodes_runs_at_the_node_link():
-    within = planning.simulate_step(SMALL, Plan(data_parallel=4), 8, link="nvlink3")
-    across = planning.simulate_step(SMALL, Plan(data_parallel=4), 8, link="nvlink3", gpus_per_node=2,
+    within = simulated_step.simulate_step(SMALL, Plan(data_parallel=4), 8, link="nvlink3")
+    across = simulated_step.simulate_step(SMALL, Plan(data_parallel=4), 8, link="nvlink3", gpus_per_node=2,
                                     node_link="pcie3")
     assert across.step_ms > within.step_ms
 
 
 def test_tensor_parallel_all_reduces_twice_per_block():
-    step = planning.simulate_step(SMALL, Plan(tensor_parallel=2), 8)
+    step = simulated_step.simulate_step(SMALL, Plan(tensor_parallel=2), 8)
     all_reduces = {e.start_ns for e in step.trace if e.name == "nccl:all_reduce"}
     assert len(all_reduces) == 2 * SMALL.num_blocks
 
@@ -91,7 +94,7 @@ def test_one_gpu_step_matmuls_match_the_flop_count_and_adam_adds_memory_bound_wo
     spec = planning.ModelSpec("big", num_blocks=2, d_model=4096, d_hidden=16384, tokens_per_sample=1024)
     a100 = course.GPUS["A100-80GB"]
     ideal_ms = spec.flops_per_sample * 4 / (a100.peak_tflops["bf16"] * 1e12 * a100.matmul_efficiency) * 1e3
-    step = planning.simulate_step(spec, Plan(), 4)
+    step = simulated_step.simulate_step(spec, Plan(), 4)
     matmul_ms = sum(e.duration_ns for e in step.trace if e.name == "aten::mm" and e.device == "cuda:0") / 1e6
     assert matmul_ms == pytest.approx(ideal_ms, rel=0.15)
     adam = {e.name for e in step.trace if e.name.startswith("aten::_foreach")}
@@ -128,7 +131,7 @@ def test_mixed_precision_adam_updates_like_fp32_adam_on_the_masters():
         with torch.no_grad():
             for p, r in zip(model.parameters(), reference.parameters()):
                 p.copy_(r.to(torch.bfloat16))
-        optimizer = planning.MixedPrecisionAdam(model.parameters(), lr=0.1)
+        optimizer = simulated_step.MixedPrecisionAdam(model.parameters(), lr=0.1)
         masters = [m.detach().clone().cpu() for m in optimizer.masters]
         x = torch.randn(16, 8)
         model(x.to("cuda:0", torch.bfloat16)).float().square().mean().backward()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from course import planning
+from course.simulated_step import simulate_step
 from course.planning import Plan
 
 
@@ -39,7 +40,7 @@ def plan_job(spec, num_gpus, global_batch, gpu, link, gpus_per_node=None, node_l
     for plan in candidate_plans(num_gpus, gpus_per_node):
         if not planning.fits(spec, plan, global_batch, gpu):
             continue
-        step_ms = planning.simulate_step(spec, plan, global_batch, gpu, link, gpus_per_node, node_link).step_ms
+        step_ms = simulate_step(spec, plan, global_batch, gpu, link, gpus_per_node, node_link).step_ms
         if best is None or step_ms < best["step_ms"]:
             memory = planning.memory_per_gpu(spec, plan, global_batch)["total"] / planning.GiB
             best = {"plan": plan, "step_ms": step_ms, "memory_gib": memory}
