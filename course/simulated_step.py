@@ -25,6 +25,8 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 
 
 class _Block(nn.Module):
+    """One block of a `ModelSpec`, gelu(x W1) W2; with `checkpointing` its activations are recomputed in backward."""
+
     def __init__(self, d_model: int, d_hidden: int, dtype, checkpointing: bool = False):
         super().__init__()
         self.up = nn.Linear(d_model, d_hidden, bias=False, dtype=dtype)
