@@ -4,7 +4,7 @@ at full size on the emulator to see their timelines and the activation memory th
 `run_pipelining` runs one training step of a small model with PyTorch's own schedules on rank threads (one emulated
 GPU per rank) and notes, per GPU, the order in which the schedule ran each stage's forward and backward.
 `replay` issues that same per-GPU order on large shape-only layers (no arithmetic on the CPU), with the
-activations sent between GPUs on a communication stream as NCCL does, and measures when each forward and backward
+activations sent between GPUs on streams of their own as NCCL does, and measures when each forward and backward
 ran (CUDA events) and how much memory each GPU held (`torch.cuda.memory_allocated`).
 """
 from __future__ import annotations
@@ -19,7 +19,9 @@ import torch.nn as nn
 # half-initialised.
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from course import devices
 from course.pipeline import synchronize_all
+from course.ranks import run_threads
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 
@@ -68,11 +70,7 @@ def _pipelining_rank(rank, world_size, model, schedule, micro_batches, virtual, 
     mine = [s for s in range(num_stages) if stage_gpu(s, world_size) == rank]
     stages = [RecordingStage(parts[s].to(device), s, num_stages, device) for s in mine]
     cls = _schedule_class(schedule)
-    runner = cls(stages if virtual > 1 or schedule == "Interleaved1F1B" else stages[0],
-                 n_microbatches=micro_batches, loss_fn=loss_fn)
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    runner = cls(stages if schedule == "Interleaved1F1B" else stages[0], n_microbatches=micro_batches, loss_fn=loss_fn)
     losses: list = []
     first, last = 0 in mine, num_stages - 1 in mine
     args = (inputs.to(device),) if first else ()
@@ -84,8 +82,7 @@ def _pipelining_rank(rank, world_size, model, schedule, micro_batches, virtual, 
         for name, param in parts[s].named_parameters():
             index, rest = name.split(".", 1)
             grads[f"{int(index) + offset}.{rest}"] = param.grad.detach().cpu()
-    return {"actions": actions, "losses": [loss.detach().cpu() for loss in losses], "grads": grads,
-            "peak_bytes": torch.cuda.max_memory_allocated(device) - before}
+    return {"actions": actions, "losses": [loss.detach().cpu() for loss in losses], "grads": grads}
 
 
 def run_pipelining(model: nn.Sequential, inputs, targets, num_gpus: int, schedule: str, micro_batches: int,
@@ -94,16 +91,17 @@ def run_pipelining(model: nn.Sequential, inputs, targets, num_gpus: int, schedul
 
     Must run inside `course.emulate(gpus=num_gpus)`. The model is cut into `num_gpus * virtual` stages of
     consecutive layers, stage s on GPU s mod num_gpus. Returns, per GPU (rank): "actions", the (kind, stage,
-    micro-batch) the schedule ran in order ("F" forward, "B" backward); "losses" (last GPU only); "grads", each
-    parameter's gradient by its name in `model`; "peak_bytes", the most memory the step added on that GPU.
+    micro-batch) the schedule ran in order ("F" forward, "B" backward); "losses", one per micro-batch (last GPU
+    only); "grads", each of its parameters' gradients by its name in `model`.
     """
-    from course.ranks import run_threads
-
+    if devices.active is None:
+        raise RuntimeError("run_pipelining runs its ranks on emulated GPUs: call it inside "
+                           f"`with course.emulate(gpus={num_gpus}):`")
     if schedule == "Interleaved1F1B" and virtual < 2:
         raise ValueError("Interleaved1F1B needs virtual=2 or more stages per GPU; with one, use 1F1B")
     if schedule != "Interleaved1F1B" and virtual != 1:
         raise ValueError(f"{schedule} runs one stage per GPU: use virtual=1, or schedule='Interleaved1F1B'")
-    loss_fn = loss_fn or (lambda output, target: nn.functional.mse_loss(output, target))
+    loss_fn = loss_fn or nn.functional.mse_loss
     return run_threads(_pipelining_rank, num_gpus, model, schedule, micro_batches, virtual, inputs, targets,
                        loss_fn, backend="nccl")
 
@@ -286,7 +284,7 @@ def plot_runs(runs: list[PipelineRun], memory: bool = True):
     rows = 2 if memory else 1
     figure, axes = plt.subplots(rows, len(runs), figsize=(5.2 * len(runs), 2.6 + 3 * memory), squeeze=False,
                                 sharex=True, sharey="row", layout="constrained", height_ratios=[1, 1.1][:rows])
-    longest = max(run.total_ms for run in runs)
+    longest = 1.02 * max(span.end_ms for run in runs for span in run.spans)  # room to see the last drop
     lines = plt.get_cmap("viridis")
     for column, run in enumerate(runs):
         top = axes[0][column]
@@ -322,5 +320,5 @@ def plot_runs(runs: list[PipelineRun], memory: bool = True):
     names = {"F": "forward", "B": "backward"}
     axes[0][-1].legend([plt.Rectangle((0, 0), 1, 1, color=COLOURS[key]) for key in keys],
                        [names[kind] + (", later stage" if later else "") for kind, later in keys],
-                       fontsize=7, loc="lower right")
+                       fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, not over them
     return figure

@@ -42,8 +42,10 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_p_minus_s():
     assert [most_in_flight(rank["actions"]) for rank in one_f_one_b] == [2, 1]
 
 
-def test_run_pipelining_refuses_a_mismatched_virtual_count():
+def test_run_pipelining_refuses_a_mismatched_virtual_count_and_running_outside_the_emulator():
     model, x, y = _model_and_data()
+    with pytest.raises(RuntimeError, match="course.emulate"):
+        run_pipelining(model, x, y, 2, "1F1B", 4)
     with course.emulate(gpus=2), pytest.raises(ValueError, match="virtual"):
         run_pipelining(model, x, y, 2, "Interleaved1F1B", 4, virtual=1)
     with pytest.raises(ValueError, match="5 stages"):
@@ -83,8 +85,8 @@ def test_replay_measures_memory_held_by_micro_batches_in_flight_and_is_determini
 def test_replay_names_the_actions_of_a_schedule_that_cannot_finish():
     backwards_first = [[("B", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("B", 1, 0)]]
     with pytest.raises(RuntimeError, match="stuck"):
-        _replayed([[a for a in backwards_first[0]] + [("F", 0, i) for i in range(1, 4)] + [("B", 0, i) for i in range(1, 4)],
-                   backwards_first[1] + [("F", 1, i) for i in range(1, 4)] + [("B", 1, i) for i in range(1, 4)]])
+        _replayed([backwards_first[g] + [("F", g, i) for i in range(1, 4)] + [("B", g, i) for i in range(1, 4)]
+                   for g in range(2)])
 
 
 def test_plot_runs_draws_one_column_per_run_with_memory_below():
