@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -121,7 +121,8 @@ class Span:
 
 @dataclass
 class PipelineRun:
-    """What `replay` measured: every span, and each GPU's memory above its weights and gradients."""
+    """What `replay` measured: every span, and each GPU's memory above its weights and gradients (from
+    `torch.cuda.memory_allocated`)."""
 
     name: str
     num_gpus: int
@@ -129,8 +130,7 @@ class PipelineRun:
     virtual: int
     spans: list[Span]
     memory: list[list[tuple[float, int]]]  # per GPU: (ms, bytes held) after each of its actions
-    peak_bytes: list[int]  # per GPU: torch.cuda.max_memory_allocated minus what it held before the step
-    micro_batch_bytes: list[int] = field(default_factory=list)  # per GPU: what one forward leaves stored
+    micro_batch_bytes: list[int]  # per GPU: what its first forward left allocated
 
     @property
     def total_ms(self) -> float:
@@ -183,11 +183,8 @@ def replay(name: str, actions: list[list[tuple[str, int, int]]], stages: list[nn
         param.grad = torch.zeros_like(param)
     synchronize_all()
     baseline = [torch.cuda.memory_allocated(g) for g in range(num_gpus)]
+    origin = [torch.cuda.Event(enable_timing=True) for _ in range(num_gpus)]
     for g in range(num_gpus):
-        torch.cuda.reset_peak_memory_stats(g)
-    origin = []
-    for g in range(num_gpus):
-        origin.append(torch.cuda.Event(enable_timing=True))
         origin[g].record(torch.cuda.current_stream(g))
     arrived = {(0, i): (x, None) for i, x in enumerate(inputs)}  # (stage, micro-batch) -> (input, its event)
     grads_in: dict = {}  # (stage, micro-batch) -> (gradient of its output, its event)
@@ -263,8 +260,7 @@ def replay(name: str, actions: list[list[tuple[str, int, int]]], stages: list[nn
     spans = [Span(g, kind, stage, i, origin[g].elapsed_time(start), origin[g].elapsed_time(end))
              for g, kind, stage, i, start, end in timed]
     samples = [[(origin[g].elapsed_time(event), held) for event, held in memory[g]] for g in range(num_gpus)]
-    peaks = [torch.cuda.max_memory_allocated(g) - baseline[g] for g in range(num_gpus)]
-    return PipelineRun(name, num_gpus, micro_batches, num_stages // num_gpus, spans, samples, peaks, stored)
+    return PipelineRun(name, num_gpus, micro_batches, num_stages // num_gpus, spans, samples, stored)
 
 
 # -- the picture --------------------------------------------------------------------------------------------

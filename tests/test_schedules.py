@@ -1,4 +1,4 @@
-"""course.schedules: torch.distributed.pipelining's schedules on emulated GPUs, their replay at full size, the picture."""
+"""course.schedules: torch.distributed.pipelining schedules on emulated GPUs, their replay at full size, the picture."""
 import copy
 
 import pytest
