@@ -52,6 +52,14 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _needs_values(name: str, tensors) -> None:
+    """gloo moves the values underneath, and a shape-only tensor has none (gloo would fail with "Bad address")."""
+    if any(t.is_meta or (isinstance(t, EmulatedTensor) and t._inner.is_meta) for t in tensors):
+        raise NotImplementedError(
+            f"nccl:{name} needs values, and this tensor is shape-only (course.emulate(materialize=False)); "
+            "run distributed code with materialize=True.")
+
+
 class _Done(dist.Work):
     """A finished collective. `wait()` makes the current stream wait for it, as NCCL's work.wait() does
     (the host is not blocked)."""
@@ -236,10 +244,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         tensors = _flat(inputs) + _flat(outputs)
         device, stream = self._lane(tensors)
         start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
-        if any(t.is_meta or (isinstance(t, EmulatedTensor) and t._inner.is_meta) for t in tensors):
-            raise NotImplementedError(
-                f"nccl:{name} needs values, and this tensor is shape-only (course.emulate(materialize=False)); "
-                "run distributed code with materialize=True.")
+        _needs_values(name, tensors)
         call().wait()
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
@@ -362,6 +367,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     # -- point to point --------------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int = 0):
         """Post the values and this rank's ready time; the sender's stream is busy for the transfer."""
+        _needs_values("send", tensors)
         device, stream = self._lane(tensors)
         ready = self._ready_ns(tensors, device, stream)
         clock_msg = torch.tensor([ready], dtype=_TIME)
@@ -371,6 +377,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         return _Done(self, end, list(tensors), pending=works)
 
     def recv(self, tensors, src: int, tag: int = 0):
+        _needs_values("recv", tensors)
         return _Recv(self, tensors, src, tag)
 
     def _finish_recv(self, tensors, src: int, sender_ready_ns: int) -> int:

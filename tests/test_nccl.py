@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import course
+from course.ranks import RankFailed
 
 
 _init_lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
@@ -161,3 +162,16 @@ def test_nccl_is_restored_after_the_emulator_stops():
         assert dist.is_nccl_available()
     assert not dist.is_nccl_available()
     assert "COURSE_EMULATE" not in os.environ
+
+
+def test_send_of_a_shape_only_tensor_says_to_materialize():
+    """gloo underneath needs values: a shape-only send names the fix instead of gloo's 'Bad address'."""
+    def ranks(rank, world_size):
+        torch.cuda.set_device(rank)
+        x = torch.ones(4, device="cuda")
+        if rank == 0:
+            dist.send(x, dst=1)
+        else:
+            dist.recv(x, src=0)
+    with course.emulate(gpus=2, materialize=False), pytest.raises(RankFailed, match="materialize=True"):
+        course.run_threads(ranks, 2, backend="nccl", timeout_s=20)
