@@ -78,7 +78,9 @@ def command(slot_dir: Path, slot: int, limits: dict = LIMITS) -> list[str]:
                 f"--cpu={limits['cpu_s']}", "--core=0", "--"]
     cmd = [BWRAP, "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-           "--perms", "1777", "--size", str(limits["tmp_mb"] << 20), "--tmpfs", "/tmp"]
+           "--perms", "1777", "--size", str(limits["tmp_mb"] << 20), "--tmpfs", "/tmp",
+           # a DataLoader with workers needs POSIX semaphores and shared memory, which live in /dev/shm
+           "--perms", "1777", "--size", str(limits["tmp_mb"] << 20), "--tmpfs", "/dev/shm"]
     for d in _hidden_dirs():
         cmd += ["--tmpfs", d]
     for d in dict.fromkeys(_visible_again()):
