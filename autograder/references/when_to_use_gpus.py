@@ -3,9 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.autograd import DeviceType
 
 import course
 from course.timing import gpu_time_ms
+
+
+def copy_share(averages) -> float:
+    """Share of a profile's GPU time in copies: the CUDA rows only, since op rows repeat the time they launched."""
+    gpu_rows = [row for row in averages if row.device_type == DeviceType.CUDA]
+    copies = sum(row.self_device_time_total for row in gpu_rows if row.key.startswith(("copy", "Memcpy")))
+    return copies / sum(row.self_device_time_total for row in gpu_rows)
 
 
 def fit_parallel_fraction(times_ms: dict) -> float:
