@@ -55,10 +55,15 @@ class DDPStep:
 
 
 def simulate_ddp_step(model, batch_shape, num_gpus: int, gpu="A100-80GB", link="nvlink3",
-                      bucket_cap_mb: float | None = None, materialize: bool = False, optimizer=None) -> DDPStep:
+                      bucket_cap_mb: float | None = None, materialize: bool = False, optimizer=None,
+                      autocast_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> DDPStep:
     """Time forward, backward with bucketed all-reduce, and an optimizer step, on `num_gpus` emulated GPUs.
 
     `optimizer(parameters)` makes the optimizer (built before the clock starts); by default SGD, lr 0.01.
+    `autocast_dtype` runs forward under `torch.autocast("cuda", dtype=autocast_dtype)`: matmuls in that dtype,
+    weights and gradients still fp32. `reduce_dtype` all-reduces the gradients in that dtype, as DDP's
+    `bf16_compress_hook` / `fp16_compress_hook` do: a full bucket is cast to it and divided by the world size on
+    the compute stream, all-reduced, and cast back into the fp32 bucket on a stream of its own.
 
     `model` is a factory (class or function, built directly on the emulated cuda:0, so large models
     cost no real memory with materialize=False) or an nn.Module (copied). `batch_shape` is the
@@ -79,35 +84,52 @@ def simulate_ddp_step(model, batch_shape, num_gpus: int, gpu="A100-80GB", link="
         inputs = torch.randn(batch_shape, device="cuda:0")
         optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.01)))(list(module.parameters()))
         comm_streams = [torch.cuda.Stream(device=d) for d in range(num_gpus)]
+        hook_stream = torch.cuda.Stream(device=0) if reduce_dtype is not None else None
         torch.cuda.synchronize()
         start_ns = emu.clock.host_ns
         buckets: list[Bucket] = []
         open_buckets: dict[torch.dtype, list[int]] = {}  # dtype -> [bytes, ready_ns]
 
-        def all_reduce(nbytes: int, ready_ns: int) -> None:
+        parameter_of = {p.dtype: p for p in module.parameters()}
+
+        def all_reduce(dtype: torch.dtype, nbytes: int, ready_ns: int) -> None:
+            compressed = None
+            if reduce_dtype is not None:  # bf16_compress_hook: buffer.to(bf16).div_(world_size), all-reduce, copy_ back
+                # new_empty on a parameter, not torch.empty: inside backward only tensor ops reach the emulator
+                bucket_buffer = parameter_of[dtype].new_empty(nbytes // dtype.itemsize)
+                compressed = bucket_buffer.to(reduce_dtype).div_(num_gpus)
+                nbytes, ready_ns = compressed.numel() * compressed.element_size(), max(ready_ns, compressed.ready_ns)
             duration_ns = costs.ring_allreduce_ns(emu.link, nbytes, num_gpus)
             end_ns = emu.clock.launch_collective(
                 "nccl:all_reduce", lanes=[(d, s.stream_id) for d, s in enumerate(comm_streams)],
                 duration_ns=duration_ns, inputs_ready_ns=ready_ns, nbytes=nbytes)
             buckets.append(Bucket(nbytes, ready_ns, end_ns - duration_ns, end_ns))
+            if compressed is not None:
+                compressed._block.ready_ns = end_ns  # the all-reduce wrote it
+                with torch.cuda.stream(hook_stream):
+                    bucket_buffer.copy_(compressed)
 
         def grad_ready(param: torch.Tensor) -> None:
             bucket = open_buckets.setdefault(param.dtype, [0, 0])
             bucket[0] += param.grad.numel() * param.grad.element_size()
             bucket[1] = max(bucket[1], param.grad.ready_ns)
             if bucket[0] >= (first_cap_bytes if not buckets else cap_bytes) and num_gpus > 1:
-                all_reduce(*open_buckets.pop(param.dtype))
+                all_reduce(param.dtype, *open_buckets.pop(param.dtype))
 
         handles = [p.register_post_accumulate_grad_hook(grad_ready)
                    for p in module.parameters() if p.requires_grad]
-        module(inputs).float().square().mean().backward()
+        with torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            outputs = module(inputs)
+        outputs.float().square().mean().backward()
         for handle in handles:
             handle.remove()
         if num_gpus > 1:
-            for nbytes, ready_ns in open_buckets.values():
-                all_reduce(nbytes, ready_ns)
+            for dtype, (nbytes, ready_ns) in open_buckets.items():
+                all_reduce(dtype, nbytes, ready_ns)
         for device, comm in enumerate(comm_streams):
             torch.cuda.current_stream(device).wait_stream(comm)
+        if hook_stream is not None:
+            torch.cuda.current_stream(0).wait_stream(hook_stream)
         optimizer.step()
         torch.cuda.synchronize(0)
         _copy_compute_to_other_gpus(emu, start_ns)
@@ -139,19 +161,22 @@ def _summarise(emu, trace, buckets, start_ns) -> DDPStep:
 
 
 def ddp_scaling(model, batch_shape, gpu_counts=(1, 2, 4, 8), links=("nvlink3", "pcie4"),
-                gpu="A100-80GB", bucket_cap_mb: float | None = None) -> list[dict]:
+                gpu="A100-80GB", bucket_cap_mb: float | None = None, autocast_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype | None = None) -> list[dict]:
     """Weak scaling: the per-GPU batch stays `batch_shape`, so more GPUs train on more samples per step.
 
     One row per (link, GPU count): step_ms, samples_per_s, speedup over one GPU and efficiency
-    (speedup / gpus; 1.0 means communication is completely hidden).
+    (speedup / gpus; 1.0 means communication is completely hidden). `autocast_dtype` and `reduce_dtype` go to
+    `simulate_ddp_step` for every step, the one-GPU baseline included.
     """
-    one_gpu = simulate_ddp_step(model, batch_shape, 1, gpu=gpu, bucket_cap_mb=bucket_cap_mb)
+    precision = {"autocast_dtype": autocast_dtype, "reduce_dtype": reduce_dtype}
+    one_gpu = simulate_ddp_step(model, batch_shape, 1, gpu=gpu, bucket_cap_mb=bucket_cap_mb, **precision)
     one_gpu_samples_per_s = batch_shape[0] / (one_gpu.step_ms / 1e3)
     rows = []
     for link in links:
         for num_gpus in gpu_counts:
             step = one_gpu if num_gpus == 1 else simulate_ddp_step(
-                model, batch_shape, num_gpus, gpu=gpu, link=link, bucket_cap_mb=bucket_cap_mb)
+                model, batch_shape, num_gpus, gpu=gpu, link=link, bucket_cap_mb=bucket_cap_mb, **precision)
             samples_per_s = num_gpus * batch_shape[0] / (step.step_ms / 1e3)
             speedup = samples_per_s / one_gpu_samples_per_s
             rows.append({"gpus": num_gpus, "link": link, "step_ms": step.step_ms,

@@ -6,6 +6,11 @@ sharded matmul, a DataParallel step or a what-if at real scale in shape-only mod
 from __future__ import annotations
 
 
+def amdahl_speedup(parallel_fraction: float, num_gpus: int) -> float:
+    """Amdahl's law: the serial part (1 - p) of the one-GPU time stays, the parallel part p splits num_gpus ways."""
+    return 1.0 / ((1.0 - parallel_fraction) + parallel_fraction / num_gpus)
+
+
 def sweep(time_ms, sizes, gpu_counts) -> dict[int, list[float]]:
     """`{num_gpus: [time_ms(size, num_gpus) for size in sizes]}`: one row of timings per GPU count."""
     return {num_gpus: [time_ms(size, num_gpus) for size in sizes] for num_gpus in gpu_counts}

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from autograder.references.ddp import ring_all_reduce
@@ -272,3 +273,56 @@ def test_weak_scaling_efficiency_drops_with_more_gpus_on_pcie():
     assert rows[0]["speedup"] == rows[0]["efficiency"] == 1.0
     efficiencies = [row["efficiency"] for row in rows]
     assert efficiencies == sorted(efficiencies, reverse=True) and efficiencies[-1] < efficiencies[1]
+
+
+def real_ddp_bf16_hook_all_reduce_bytes(rank, world_size, make_model, sizes_seen):
+    """Bytes of each all-reduce bf16_compress_hook issues on rank 0 in iteration 3 (buckets are rebuilt in 2)."""
+    model = DistributedDataParallel(make_model())
+
+    def hook(state, bucket):  # register_comm_hook refuses bf16_compress_hook itself on a build without NCCL
+        return default_hooks.bf16_compress_hook(state, bucket)
+    model.register_comm_hook(None, hook)
+    for iteration in range(3):
+        if iteration == 2 and rank == 0:
+            sizes_seen.clear()
+        model(torch.randn(2, 2048)).square().mean().backward()
+    return None
+
+
+def test_reduce_dtype_all_reduces_what_bf16_compress_hook_sends(monkeypatch):
+    """reduce_dtype=bf16 all-reduces the bytes real DDP's bf16_compress_hook hands to all_reduce, after casting
+    each bucket on the compute stream and before casting it back."""
+    sizes_seen = []
+    real_all_reduce = dist.all_reduce
+
+    def recording_all_reduce(tensor, *args, **kwargs):
+        if dist.get_rank() == 0:
+            sizes_seen.append(tensor.numel() * tensor.element_size())
+            assert tensor.dtype == torch.bfloat16
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", recording_all_reduce)
+    run_threads(real_ddp_bf16_hook_all_reduce_bytes, 2, wide_mlp, sizes_seen, timeout_s=30)
+    monkeypatch.undo()
+    fp32 = simulate_ddp_step(wide_mlp, (8, 2048), 2)
+    bf16 = simulate_ddp_step(wide_mlp, (8, 2048), 2, reduce_dtype=torch.bfloat16)
+    assert [bucket.nbytes for bucket in bf16.buckets] == sizes_seen == [b.nbytes // 2 for b in fp32.buckets]
+    casts = [e for e in bf16.trace if e.device == "cuda:0" and e.kind == "kernel"
+             and e.name in ("aten::_to_copy", "aten::div_", "aten::copy_")]
+    assert [e.name for e in casts].count("aten::copy_") == len(bf16.buckets)
+    for bucket, copy_back in zip(bf16.buckets, [e for e in casts if e.name == "aten::copy_"]):
+        assert copy_back.start_ns >= bucket.allreduce_end_ns  # cast back only once the sum has arrived
+
+
+def test_autocast_runs_matmuls_in_bf16_and_keeps_fp32_gradients():
+    fp32 = simulate_ddp_step(wide_mlp, (256, 2048), 2)
+    bf16 = simulate_ddp_step(wide_mlp, (256, 2048), 2, autocast_dtype=torch.bfloat16)
+    assert [b.nbytes for b in bf16.buckets] == [b.nbytes for b in fp32.buckets]  # DDP still all-reduces fp32
+
+    def matmul_ns(step):
+        return sum(e.duration_ns for e in step.trace if e.device == "cuda:0" and e.name in ("aten::addmm", "aten::mm"))
+    a100 = hardware.gpu("A100-80GB")
+    # the tensor-core rate at most: small kernels keep a fixed minimum and memory-bound ones gain less
+    assert 8 < matmul_ns(fp32) / matmul_ns(bf16) <= a100.peak_tflops["bf16"] / a100.peak_tflops["fp32"]
+    rows = ddp_scaling(wide_mlp, (256, 2048), gpu_counts=(1, 8), links=("nvlink3",), autocast_dtype=torch.bfloat16)
+    assert rows[0]["step_ms"] == simulate_ddp_step(wide_mlp, (256, 2048), 1, autocast_dtype=torch.bfloat16).step_ms

@@ -229,3 +229,34 @@ def test_nvtx_ranges_on_the_host_timeline(tmp_path):
     assert Counter(e["name"] for e in nvtx_events) == Counter(e.name for e in trace if e.kind == "nvtx")
     with pytest.raises(RuntimeError, match="NVTX functions not installed"):
         nvtx.range_push("after stop")  # a CPU build of torch, as before
+
+
+def test_gpu_columns_keep_the_cuda_columns_and_gpu_rows_of_the_real_table():
+    """gpu_columns drops the CPU columns and rows without GPU time from a real table; the CUDA numbers are kept as
+    printed, rows ordered by CUDA total then name, so two runs of the same program print the same text."""
+    from course.profile_table import gpu_columns
+
+    tables = []
+    for _ in range(2):
+        with course.emulate(gpus=2, materialize=False) as emu:
+            a = torch.empty(512, 512, device="cuda:0")
+            torch.cuda.synchronize()
+            with profile(activities=CPU_AND_CUDA) as prof:
+                (a.to("cuda:1") @ a.to("cuda:1")).to("cuda:0")
+                torch.cuda.synchronize()
+        tables.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+    shown = [gpu_columns(table) for table in tables]
+    assert shown[0] == shown[1]
+    lines = shown[0].split("\n")
+    assert "CPU" not in lines[1] and "CUDA total" in lines[1] and "# of Calls" in lines[1]
+    assert lines[-1].startswith("Self CUDA time total:") and "Self CPU" not in shown[0]
+    gpu_time = {a.key: _format_time(a.device_time_total) for a in prof.key_averages() if a.device_time_total > 0}
+    name_width = lines[0].index("  ")
+    rows = {line[:name_width].strip(): line for line in lines[3:-2]}
+    assert sorted(rows) == sorted(gpu_time)  # every row that ran GPU work, and only those
+    for name, line in rows.items():
+        assert gpu_time[name] in line
+    totals = [a.device_time_total for name in rows for a in prof.key_averages() if a.key == name]
+    assert totals == sorted(totals, reverse=True)
+    with pytest.raises(ValueError, match="ProfilerActivity.CUDA"):
+        gpu_columns(tables[0].replace("CUDA total", "CPU  total"))

@@ -38,3 +38,10 @@ def test_plots_label_their_axes_and_skip_the_baseline_speedup():
     labels = [line.get_label() for line in ax.get_lines()]
     assert labels == ["2 GPUs", "4 GPUs", "as fast as 1 GPU"]
     plt.close("all")
+
+
+def test_amdahl_speedup_is_one_over_serial_plus_parallel_share():
+    assert scaling.amdahl_speedup(1.0, 4) == pytest.approx(4.0)
+    assert scaling.amdahl_speedup(0.0, 8) == pytest.approx(1.0)
+    assert scaling.amdahl_speedup(0.5, 2) == pytest.approx(4 / 3)  # time 0.5 + 0.25 of one GPU's
+    assert scaling.amdahl_speedup(0.99, 10**9) == pytest.approx(100.0, rel=1e-6)  # the 1 / (1 - p) ceiling

@@ -42,18 +42,19 @@ def ring_all_reduce(tensor: torch.Tensor, rank: int, world_size: int, exchange) 
 
 
 def strong_scaling(make_model, global_batch: int, num_features: int, gpu_counts, link: str = "nvlink3",
-                   gpu: str = "A100-80GB") -> list[dict]:
+                   **step_options) -> list[dict]:
     """Strong scaling of DDP: the global batch stays fixed and is split over the GPUs.
 
     The largest share, ceil(global_batch / n), sets every step's pace (the others wait for it in the
     all-reduce). One row per GPU count: gpus, per_gpu_batch, step_ms, speedup over one GPU, efficiency.
+    `step_options` (the precision: autocast_dtype, reduce_dtype) go to every simulated step unchanged.
     """
     rows = []
     for num_gpus in gpu_counts:
         per_gpu = math.ceil(global_batch / num_gpus)
-        step = simulate_ddp_step(make_model, (per_gpu, num_features), num_gpus, gpu=gpu, link=link)
+        step = simulate_ddp_step(make_model, (per_gpu, num_features), num_gpus, link=link, **step_options)
         rows.append({"gpus": num_gpus, "per_gpu_batch": per_gpu, "step_ms": step.step_ms})
-    one_gpu_ms = simulate_ddp_step(make_model, (global_batch, num_features), 1, gpu=gpu, link=link).step_ms
+    one_gpu_ms = simulate_ddp_step(make_model, (global_batch, num_features), 1, link=link, **step_options).step_ms
     for row in rows:
         row["speedup"] = one_gpu_ms / row["step_ms"]
         row["efficiency"] = row["speedup"] / row["gpus"]

@@ -1,15 +1,28 @@
 """Reference answers for chapter 0, "When are several GPUs worth it?" (hidden from learners; see autograder/README.md)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
+from torch.autograd import DeviceType
 
 import course
 from course.timing import gpu_time_ms
 
 
-def amdahl_speedup(parallel_fraction: float, num_gpus: int) -> float:
-    """Amdahl's law: the serial part (1 - p) keeps its time, the parallel part p is split num_gpus ways."""
-    return 1.0 / ((1.0 - parallel_fraction) + parallel_fraction / num_gpus)
+def copy_share(averages) -> float:
+    """Share of a profile's GPU time in copies: the CUDA rows only, since op rows repeat the time they launched."""
+    gpu_rows = [row for row in averages if row.device_type == DeviceType.CUDA]
+    copies = sum(row.self_device_time_total for row in gpu_rows if row.key.startswith(("copy", "Memcpy")))
+    return copies / sum(row.self_device_time_total for row in gpu_rows)
+
+
+def fit_parallel_fraction(times_ms: dict) -> float:
+    """Amdahl's p fitted with T1 by least squares on the times: T(n) = s + q / n is linear in s = T1 (1 - p), q = T1 p."""
+    counts = np.array(list(times_ms), dtype=float)
+    times = np.array(list(times_ms.values()), dtype=float)
+    (serial_ms, parallel_ms), *_ = np.linalg.lstsq(np.stack([np.ones_like(counts), 1 / counts], axis=1), times,
+                                                   rcond=None)
+    return float(parallel_ms / (serial_ms + parallel_ms))
 
 
 def matmul_ms(size: int, gpu: str = "A100-80GB", dtype=torch.float32) -> float:
