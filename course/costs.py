@@ -9,13 +9,15 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
+from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
 
 aten = torch.ops.aten
 
 HOST_LAUNCH_NS = round(HOST_LAUNCH_OVERHEAD_US * 1000)
 HOST_VIEW_NS = round(HOST_VIEW_OP_US * 1000)
+HOST_MODULE_CALL_NS = round(HOST_MODULE_CALL_US * 1000)
+HOST_MODULE_OP_NS = round(HOST_MODULE_OP_US * 1000)
 
 # torch's registry has no entry for the CPU flash-attention kernels, which are what SDPA dispatches to here.
 # They take (query, key, value, ...) and (grad_out, query, key, value, ...) in (batch, heads, seq, dim)

@@ -19,12 +19,22 @@ HOST_LAUNCH_OVERHEAD_US = 5.0
 # Python and the dispatcher: PyTorch's operator micro-benchmark times `split` on CUDA tensors at 2.3-3.4 us
 # from Python (https://github.com/pytorch/pytorch/pull/32194), and the dispatcher alone at ~0.27 us for an
 # empty op called from C++ (https://github.com/pytorch/pytorch/pull/51165, "empty framework overhead
-# benchmark"), as `linear` calls `t` and `view`. Eager transformer code issues about as many views as kernels,
-# so batch-1 decode is host-bound on fast GPUs, as published measurements show (benchmarks/fidelity.py,
-# "eager" rows). The one eager calibration row (gpt-fast's eager Llama-7B on an A100, 25.5 tok/s) asks for
-# far more host time than any per-op figure above explains (it stays ~3x too fast), so this takes the top of
-# the measured range rather than a fit outside it.
+# benchmark"), as `linear` calls `t` and `view`. Eager transformer code issues about as many views as kernels.
+# This takes the top of the measured range; the Python of model code around each op is HOST_MODULE_OP_US below.
 HOST_VIEW_OP_US = 3.4
+# Model code pays Python that a bare loop of ops does not (course/module_calls.py). Each `nn.Module` call goes
+# through `__call__` and its hook checks and the forward's frame: PyTorch's own measurement
+# (https://github.com/pytorch/pytorch/pull/50431, Chillee, 2021-02-21) puts the module abstraction at ~2.2 us for a
+# module that does nothing (3.08 us against 0.91 us for its one op).
+HOST_MODULE_CALL_US = 2.2
+# Every op issued inside a module's forward also pays the Python of the line around it (attribute lookups of
+# parameters and submodules, argument unpacking, indexing, the interpreter's bytecode), on top of its dispatch and
+# launch above: real eager decoding runs at ~7-9 us per Python-level op (a view or a launch) where a bare `a @ b` loop (the
+# RTX 4090 row) runs at 5.7 us. No direct measurement exists; fitted on the calibration half of
+# benchmarks/fidelity.py only, the one eager row there (gpt-fast's eager Llama-2-7B decode on an A100, 25.5 tok/s,
+# run op for op by benchmarks/decode_replicas.py): 5.3 us. Checked on held-out rows it was not fitted to (Hugging
+# Face Qwen-2.5-7B decode on an H100 and an L4).
+HOST_MODULE_OP_US = 5.3
 
 # `Tensor.pin_memory()` copies a pageable tensor into page-locked memory: a memcpy on the host, before any
 # transfer starts. PyTorch's tutorial on pinned memory (https://docs.pytorch.org/tutorials/intermediate/
