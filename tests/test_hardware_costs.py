@@ -480,3 +480,14 @@ def test_a_non_blocking_copy_to_the_host_lands_in_pinned_memory():
     link = hardware.link("pcie4")
     assert copy_ms(True) == costs.copy_ns(link, 2**28, pinned=True)
     assert copy_ms(False) == costs.copy_ns(link, 2**28, pinned=False)
+
+
+def test_shape_only_ops_that_wrap_a_python_scalar_run_as_on_a_gpu():
+    """`torch.where(mask, -inf, logits)` (gpt-fast's top-k sampling) wraps the scalar in a 0-dim tensor on the
+    wrapper's C++ device, meta in shape-only mode: like a 0-dim CPU tensor, it joins the GPU op."""
+    import course
+
+    with course.emulate(gpus=1, materialize=False):
+        logits = torch.empty(32000, device="cuda")
+        out = torch.where(logits < logits[:1], -float("inf"), logits)
+        assert out.device == torch.device("cuda", 0) and out.shape == logits.shape
