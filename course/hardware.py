@@ -260,7 +260,9 @@ _LINK_LIST = [
 # ---- machines people rent: which GPU pairs share how many NVLinks (course/costs.py `peer_copy_ns`) ----
 # One NVLink 2 brick carries 25 GB/s per direction; a V100-SXM2 has six (the nvlink2 Link above is all six).
 NVLINK2_BRICK_GBPS = 25.0
-# A copy between two GPUs over k bricks reaches this fraction of k x 25 GB/s: fitted on the calibration row
+# A copy between two GPUs of a machine preset over NVLink (k bricks, or a switch's whole link) runs on the copy
+# engines and reaches this fraction of the NVLink bandwidth, apart from the all-reduce-fitted efficiency of the
+# links above (without a machine preset, peer copies keep the link's efficiency). Fitted on the calibration row
 # "P2P unidirectional, 2 NVLinks" of benchmarks/fidelity.py (Dell EMC PowerEdge C4130 configuration K, four
 # V100-SXM2 with two bricks between every pair: p2pBandwidthLatencyTest 47.88 of 50 GB/s, Dell EMC Ready
 # Solutions for AI Deep Learning with NVIDIA reference guide v1.0, section 3.1, Table 3).
