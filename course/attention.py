@@ -37,7 +37,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     on_gpu = _on_emulated_gpu(query, key, value)
     if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
-        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(), -float("inf"))
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
+                                                                                -float("inf"))
     fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
     if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
         with torch._C.DisableTorchFunctionSubclass():
