@@ -29,8 +29,9 @@ HOST_VIEW_OP_US = 3.4
 HOST_MODULE_CALL_US = 2.2
 # Every op issued inside a module's forward also pays the Python of the line around it (attribute lookups of
 # parameters and submodules, argument unpacking, indexing, the interpreter's bytecode), on top of its dispatch and
-# launch above: published eager decode steps come to ~7-9 us per op (a view or a launch) where a bare `a @ b` loop
-# (the RTX 4090 row) runs at 5.7 us. No direct measurement exists; fitted on the calibration half of
+# launch above: gpt-fast's eager decode step (below) comes to ~9.5 us per op (39 ms over the ~4,100 launches and
+# views its replica issues) where a bare `a @ b` loop (the RTX 4090 row) runs at 5.7 us. No direct measurement
+# of the Python part exists; fitted on the calibration half of
 # benchmarks/fidelity.py only, the one eager row there (gpt-fast's eager Llama-2-7B decode on an A100, 25.5 tok/s,
 # run op for op by benchmarks/decode_replicas.py): 5.3 us. Checked on held-out rows it was not fitted to (Hugging
 # Face Qwen-2.5-7B decode on an H100 and an L4).
