@@ -151,7 +151,8 @@ def decode_step_ms(gpu: str, replica: str, layers: int, width: int, heads: int, 
     From one synchronisation to the next, as a generation loop that picks each token before the next step
     spends it: the host issues every op of the step, and the GPU runs them as they come. `replica` names the
     code that was measured (benchmarks/decode_replicas.py): "hf" (transformers' Qwen2 and greedy generate) or
-    "gpt-fast" (its model.py and decode_one_token, with a cache for `context` + 104 tokens).
+    "gpt-fast" (its model.py and decode_one_token; its cache holds the prompt plus generate.py's default 200 new
+    tokens, rounded up to 8: the row times the step at position `context` = 104 of a 208-token cache).
     """
     saved = torch.get_default_dtype()
     with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True), torch.no_grad():
