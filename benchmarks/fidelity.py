@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import course
+import decode_replicas
 
 GB = 1e9
 WORKPLACE = "measured in this workplace (course design notes)"
@@ -143,107 +144,32 @@ def allgather_busbw_gbps(gpu: str, link: str, num_gpus: int, nbytes: int) -> flo
     return nbytes / (ms / 1e3) * (num_gpus - 1) / num_gpus / GB
 
 
-class _RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 and cast back, op for op as Llama-style eager code writes it."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
-
-
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class _DecoderLayer(nn.Module):
-    """One Llama/Qwen-style decoder layer for a batch-1 decode step: GQA attention over a KV cache, SwiGLU MLP.
-
-    `fused_qkv` projects q, k, v with one linear (gpt-fast) or three (Hugging Face); `static_cache` writes the new
-    key and value into a preallocated cache (gpt-fast) or concatenates them onto the cache (a dynamic cache).
-    """
-
-    def __init__(self, width, heads, kv_heads, ffn, context, fused_qkv, qkv_bias, static_cache):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
-        kv_width = kv_heads * self.head_dim
-        self.fused_qkv, self.static_cache = fused_qkv, static_cache
-        if fused_qkv:
-            self.qkv = nn.Linear(width, width + 2 * kv_width, bias=qkv_bias)
-        else:
-            self.q = nn.Linear(width, width, bias=qkv_bias)
-            self.k = nn.Linear(width, kv_width, bias=qkv_bias)
-            self.v = nn.Linear(width, kv_width, bias=qkv_bias)
-        self.o = nn.Linear(width, width, bias=False)
-        self.gate, self.up = nn.Linear(width, ffn, bias=False), nn.Linear(width, ffn, bias=False)
-        self.down = nn.Linear(ffn, width, bias=False)
-        self.norm1, self.norm2 = _RMSNorm(width), _RMSNorm(width)
-        cache = (1, kv_heads, context + 1 if static_cache else context, self.head_dim)
-        self.register_buffer("k_cache", torch.empty(cache))
-        self.register_buffer("v_cache", torch.empty(cache))
-
-    def forward(self, x, position, cos, sin):
-        width = x.shape[-1]
-        h = self.norm1(x)
-        kv_width = self.kv_heads * self.head_dim
-        if self.fused_qkv:
-            q, k, v = self.qkv(h).split([width, kv_width, kv_width], dim=-1)
-        else:
-            q, k, v = self.q(h), self.k(h), self.v(h)
-        q = q.view(1, 1, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if self.static_cache:
-            self.k_cache[:, :, position] = k
-            self.v_cache[:, :, position] = v
-            keys, values = self.k_cache, self.v_cache
-        else:
-            keys, values = torch.cat([self.k_cache, k], dim=2), torch.cat([self.v_cache, v], dim=2)
-        group = self.heads // self.kv_heads
-        if group > 1:  # grouped-query attention: every query head needs its key/value head
-            keys = keys[:, :, None].expand(1, self.kv_heads, group, *keys.shape[2:]).reshape(1, self.heads, -1,
-                                                                                           self.head_dim)
-            values = values[:, :, None].expand(1, self.kv_heads, group, *values.shape[2:]).reshape(
-                1, self.heads, -1, self.head_dim)
-        y = nn.functional.scaled_dot_product_attention(q, keys, values)
-        x = x + self.o(y.transpose(1, 2).reshape(1, 1, width))
-        h = self.norm2(x)
-        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
-
-
-def decode_step_ms(gpu: str, layers: int, width: int, heads: int, kv_heads: int, ffn: int, vocab: int,
-                   context: int, fused_qkv: bool, qkv_bias: bool, static_cache: bool) -> float:
+def decode_step_ms(gpu: str, replica: str, layers: int, width: int, heads: int, kv_heads: int, ffn: int,
+                   vocab: int, context: int) -> float:
     """Simulated milliseconds of one eager batch-1 decode step (bf16, no_grad) after `context` tokens.
 
     From one synchronisation to the next, as a generation loop that picks each token before the next step
-    spends it: the host issues every op of the step, and the GPU runs them as they come.
+    spends it: the host issues every op of the step, and the GPU runs them as they come. `replica` names the
+    code that was measured (benchmarks/decode_replicas.py): "hf" (transformers' Qwen2 and greedy generate) or
+    "gpt-fast" (its model.py and decode_one_token; its cache holds the prompt plus generate.py's default 200 new
+    tokens, rounded up to 8: the row times the step at position `context` = 104 of a 208-token cache).
     """
+    saved = torch.get_default_dtype()
     with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True), torch.no_grad():
-        with torch.device("cuda:0"):
-            embed = nn.Embedding(vocab, width).to(torch.bfloat16)
-            blocks = [_DecoderLayer(width, heads, kv_heads, ffn, context, fused_qkv, qkv_bias, static_cache)
-                      .to(torch.bfloat16) for _ in range(layers)]
-            norm, head = _RMSNorm(width).to(torch.bfloat16), nn.Linear(width, vocab, bias=False).to(torch.bfloat16)
-            rope = torch.empty(context + 1, width // heads, dtype=torch.bfloat16)
-            token, position = torch.zeros(1, 1, dtype=torch.long), torch.tensor([context])
-
-        def step():
-            cos, sin = rope[position], rope[position]
-            x = embed(token)
-            for block in blocks:
-                x = block(x, position, cos, sin)
-            return torch.argmax(head(norm(x))[:, -1], dim=-1)
-
-        return _timed_ms(step)
+        torch.set_default_dtype(torch.bfloat16)  # as both load their weights: made in bf16, never in fp32 first
+        try:
+            with torch.device("cuda:0"):
+                if replica == "hf":
+                    model = decode_replicas.HFQwen2(layers, width, heads, kv_heads, ffn, vocab, context)
+                else:
+                    model = decode_replicas.GptFast(layers, width, heads, kv_heads, ffn, vocab, context + 104,
+                                                    context)
+        finally:
+            torch.set_default_dtype(saved)
+        return _timed_ms(model.step)
 
 
-def decode_weight_bytes(layers, width, heads, kv_heads, ffn, vocab, qkv_bias) -> int:
+def decode_weight_bytes(layers, width, heads, kv_heads, ffn, vocab, qkv_bias=True) -> int:
     """bf16 bytes of a decoder's weights (embedding and output head untied), as a memory floor counts them."""
     kv_width = kv_heads * width // heads
     per_layer = width * (width + 2 * kv_width) + width * width + 3 * width * ffn + 2 * width
@@ -252,14 +178,11 @@ def decode_weight_bytes(layers, width, heads, kv_heads, ffn, vocab, qkv_bias) ->
 
 
 # Qwen-2.5-7B (https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json): 28 layers, hidden 3584, 28 query
-# heads, 4 key/value heads, intermediate 18944, vocab 152064, q/k/v biases; Hugging Face's eager code path
-# (separate q/k/v projections, a dynamic KV cache grown by concatenation).
-QWEN25_7B = dict(layers=28, width=3584, heads=28, kv_heads=4, ffn=18944, vocab=152064, fused_qkv=False,
-                 qkv_bias=True, static_cache=False)
+# heads, 4 key/value heads, intermediate 18944, vocab 152064, q/k/v biases; Hugging Face's eager code path.
+QWEN25_7B = dict(replica="hf", layers=28, width=3584, heads=28, kv_heads=4, ffn=18944, vocab=152064)
 # Llama-2-7B as gpt-fast runs it (https://github.com/pytorch-labs/gpt-fast, model.py "7B": 32 layers, dim 4096,
-# 32 heads, intermediate 11008, vocab 32000; fused wqkv, a static KV cache written in place).
-LLAMA2_7B_GPT_FAST = dict(layers=32, width=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, fused_qkv=True,
-                          qkv_bias=False, static_cache=True)
+# 32 heads, intermediate 11008, vocab 32000).
+LLAMA2_7B_GPT_FAST = dict(replica="gpt-fast", layers=32, width=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
 PHYSICAL_AI = ("https://arxiv.org/abs/2605.30571 (abstract: batch-1 decode, bf16, SDPA, Hugging Face eager, "
                "Qwen-2.5-7B, ctx 2048)")
 GPT_FAST_BLOG = ("https://pytorch.org/blog/accelerating-generative-ai-2/ ('Starting Point (25.5 tok/s)': eager "
@@ -272,8 +195,7 @@ def qwen_decode_floor_fraction(gpu: str) -> float:
 
     q = QWEN25_7B
     kv_bytes = 2 * q["layers"] * 2 * q["kv_heads"] * (q["width"] // q["heads"]) * 2048
-    weights = decode_weight_bytes(q["layers"], q["width"], q["heads"], q["kv_heads"], q["ffn"], q["vocab"],
-                                  q["qkv_bias"])
+    weights = decode_weight_bytes(q["layers"], q["width"], q["heads"], q["kv_heads"], q["ffn"], q["vocab"])
     floor_ms = (weights + kv_bytes) / (gpu_preset(gpu).memory_bandwidth_gbps * 1e9) * 1e3
     return floor_ms / decode_step_ms(gpu, context=2048, **QWEN25_7B)
 
@@ -531,7 +453,7 @@ def _rows() -> list[Row]:
         Row(eager, "decode step, Qwen-2.5-7B bf16, batch 1, ctx 2048 (62.32 ms)", "L4", 62.32, "ms",
             PHYSICAL_AI + " (L4 bf16 baseline)", lambda: decode_step_ms("L4", context=2048, **QWEN25_7B)),
         Row(eager, "decode tokens/s, Llama-2-7B bf16, batch 1, eager", "A100 SXM 80GB (330 W)", 25.5, "tok/s",
-            GPT_FAST_BLOG, lambda: 1e3 / decode_step_ms("A100-80GB", context=256, **LLAMA2_7B_GPT_FAST)),
+            GPT_FAST_BLOG, lambda: 1e3 / decode_step_ms("A100-80GB", context=104, **LLAMA2_7B_GPT_FAST)),
         Row(eager, "decode step as a fraction of its memory floor, Qwen-2.5-7B, ctx 2048", "H100 SXM", 0.27,
             "R_floor", PHYSICAL_AI + " (H100: 27% of the analytic memory floor)",
             lambda: qwen_decode_floor_fraction("H100")),

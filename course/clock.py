@@ -21,8 +21,12 @@ _event = tuple.__new__  # TraceEvent(...) without its Python-level __new__: one 
 class Clock:
     """Host time, the time each stream becomes free, and the trace of everything that ran."""
 
-    def __init__(self, host_launch_ns: int):
+    def __init__(self, host_launch_ns: int, module_op_ns: int = 0):
         self.host_launch_ns = host_launch_ns
+        # Python of model code around each op issued inside an `nn.Module` call (course/module_calls.py), by how
+        # many module calls each thread is inside.
+        self.module_op_ns = module_op_ns
+        self._module_depth: dict[int, int] = {}
         self.stream_ready_ns: dict[tuple[int, int], int] = {}
         self._events: list[TraceEvent] = []
         self._host = threading.local()
@@ -51,6 +55,19 @@ class Clock:
         with self.lock:
             return sorted(self._events, key=lambda e: (e.start_ns, e.device, e.stream, e.end_ns, e.name))
 
+    def enter_module(self, call_ns: int) -> None:
+        """The host calls an `nn.Module`: it pays `call_ns`, and every op until `exit_module` pays module_op_ns."""
+        thread = threading.get_ident()
+        self._module_depth[thread] = self._module_depth.get(thread, 0) + 1
+        self.host_ns = self.host_ns + call_ns
+
+    def exit_module(self) -> None:
+        thread = threading.get_ident()
+        self._module_depth[thread] -= 1
+
+    def _python_ns(self) -> int:
+        return self.module_op_ns if self._module_depth.get(threading.get_ident()) else 0
+
     def stream_ready(self, device: int, stream: int) -> int:
         return self.stream_ready_ns.get((device, stream), 0)
 
@@ -77,10 +94,12 @@ class Clock:
         the streams of both GPUs.
         """
         with self.lock:
-            if get_ident() == self._main_thread:  # the host_ns property, inlined: this runs for every kernel
-                host = self._main_host_ns = self._main_host_ns + self.host_launch_ns
+            thread = get_ident()  # the host_ns property and _python_ns, inlined: this runs for every kernel
+            python_ns = self.module_op_ns if self._module_depth.get(thread) else 0
+            if thread == self._main_thread:
+                host = self._main_host_ns = self._main_host_ns + self.host_launch_ns + python_ns
             else:
-                host = self._host.ns = getattr(self._host, "ns", self._main_host_ns) + self.host_launch_ns
+                host = self._host.ns = getattr(self._host, "ns", self._main_host_ns) + self.host_launch_ns + python_ns
             ready = self.stream_ready_ns
             lane = (device, stream)
             start = max(host, inputs_ready_ns, ready.get(lane, 0))
@@ -98,7 +117,7 @@ class Clock:
                           inputs_ready_ns: int, nbytes: int) -> int:
         """One collective over several GPUs: it starts when every participant is ready, ends together."""
         with self.lock:
-            host = self.host_ns + self.host_launch_ns
+            host = self.host_ns + self.host_launch_ns + self._python_ns()
             self.host_ns = host
             start = max(host, inputs_ready_ns, *(self.stream_ready(*lane) for lane in lanes))
             end = start + duration_ns
@@ -113,7 +132,7 @@ class Clock:
                     nbytes: int = 0) -> int:
         """Work whose start was agreed elsewhere (by every rank of a collective): the host pays one launch."""
         with self.lock:
-            self.host_ns = self.host_ns + self.host_launch_ns
+            self.host_ns = self.host_ns + self.host_launch_ns + self._python_ns()
             lane = (device, stream)
             self.stream_ready_ns[lane] = max(self.stream_ready(*lane), end_ns)
             self._events.append(TraceEvent(kind, name, f"cuda:{device}", stream, start_ns, end_ns, 0, nbytes))
@@ -126,7 +145,9 @@ class Clock:
 
     def host_advance(self, duration_ns: int) -> None:
         """The host spends duration_ns on an op that launches nothing (a view), so later launches start later."""
-        if get_ident() == self._main_thread:
+        thread = get_ident()
+        duration_ns += self.module_op_ns if self._module_depth.get(thread) else 0
+        if thread == self._main_thread:
             self._main_host_ns += duration_ns
         else:
             self._host.ns = getattr(self._host, "ns", self._main_host_ns) + duration_ns

@@ -9,13 +9,15 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
+from course.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
 
 aten = torch.ops.aten
 
 HOST_LAUNCH_NS = round(HOST_LAUNCH_OVERHEAD_US * 1000)
 HOST_VIEW_NS = round(HOST_VIEW_OP_US * 1000)
+HOST_MODULE_CALL_NS = round(HOST_MODULE_CALL_US * 1000)
+HOST_MODULE_OP_NS = round(HOST_MODULE_OP_US * 1000)
 
 # torch's registry has no entry for the CPU flash-attention kernels, which are what SDPA dispatches to here.
 # They take (query, key, value, ...) and (grad_out, query, key, value, ...) in (batch, heads, seq, dim)
@@ -151,12 +153,15 @@ def copy_ns(link: Link, nbytes: int, pinned: bool = True) -> int:
 def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: int, nbytes: int) -> int:
     """A copy between two GPUs of a machine preset, over what joins that pair.
 
-    A switch (`every_pair_direct`) gives the pair the whole link, as without a machine; k NVLink bricks carry
-    k x NVLINK2_BRICK_GBPS at NVLINK_P2P_COPY_EFFICIENCY; a pair with neither goes through host memory, down one
-    PCIe link and up another (pipelined: the host link's rate, twice its latency).
+    A switch (`every_pair_direct`) gives the pair the whole link; k NVLink bricks carry k x NVLINK2_BRICK_GBPS. A
+    copy over NVLink runs on the copy engines at NVLINK_P2P_COPY_EFFICIENCY, not at the efficiency NCCL's
+    all-reduce reaches (the link's); over PCIe, the link's efficiency is already that of a copy. A pair with neither
+    goes through host memory, down one PCIe link and up another (pipelined: the host link's rate, twice its latency).
     """
     if machine.every_pair_direct:
-        return copy_ns(link, nbytes, pinned=True)
+        if not link.key.startswith("nvlink"):
+            return copy_ns(link, nbytes, pinned=True)
+        return math.ceil(link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * NVLINK_P2P_COPY_EFFICIENCY))
     bricks = machine.bricks_between(src, dst)
     if bricks == 0:
         return copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)

@@ -286,7 +286,7 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
             index = arg._device_index
-        elif not (arg.dim() == 0 and arg.device.type == "cpu"):
+        elif not (arg.dim() == 0 and arg.device.type in ("cpu", "meta")):  # meta: a scalar C++ wrapped, shape-only
             index = CPU
         else:
             continue

@@ -20,7 +20,7 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course import (autocast, autostart, checkpoints, collectives, costs, cuda_api, devices, hardware, interception,
-                    nccl, plots, profiling)
+                    module_calls, nccl, plots, profiling)
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
@@ -54,7 +54,7 @@ class Emulator:
         self.link = hardware.link(link)
         self.host_link = hardware.link(host_link)
         self.materialize = materialize
-        self.clock = Clock(costs.HOST_LAUNCH_NS)
+        self.clock = Clock(costs.HOST_LAUNCH_NS, costs.HOST_MODULE_OP_NS)
         self.memory = DeviceMemory(gpus, self.gpu.memory_bytes)
         self.kernel_ns_cache: dict = {}  # costs.kernel_ns by its arguments: the same kernels recur every step
         self._per_thread = threading.local()
@@ -116,6 +116,7 @@ class Emulator:
         for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
             self._patch(target, replacements)
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
+        self._patch(torch.nn.Module, {"__call__": module_calls.module_call})  # the host pays for every module call
         for target, replacements in checkpoints.patches():  # torch.save/torch.load with 'cuda:i' locations
             self._patch(target, replacements)
         # Without this, Module.to() assigns param.data and silently drops the fake device.

@@ -19,12 +19,23 @@ HOST_LAUNCH_OVERHEAD_US = 5.0
 # Python and the dispatcher: PyTorch's operator micro-benchmark times `split` on CUDA tensors at 2.3-3.4 us
 # from Python (https://github.com/pytorch/pytorch/pull/32194), and the dispatcher alone at ~0.27 us for an
 # empty op called from C++ (https://github.com/pytorch/pytorch/pull/51165, "empty framework overhead
-# benchmark"), as `linear` calls `t` and `view`. Eager transformer code issues about as many views as kernels,
-# so batch-1 decode is host-bound on fast GPUs, as published measurements show (benchmarks/fidelity.py,
-# "eager" rows). The one eager calibration row (gpt-fast's eager Llama-7B on an A100, 25.5 tok/s) asks for
-# far more host time than any per-op figure above explains (it stays ~3x too fast), so this takes the top of
-# the measured range rather than a fit outside it.
+# benchmark"), as `linear` calls `t` and `view`. Eager transformer code issues about as many views as kernels.
+# This takes the top of the measured range; the Python of model code around each op is HOST_MODULE_OP_US below.
 HOST_VIEW_OP_US = 3.4
+# Model code pays Python that a bare loop of ops does not (course/module_calls.py). Each `nn.Module` call goes
+# through `__call__` and its hook checks and the forward's frame: PyTorch's own measurement
+# (https://github.com/pytorch/pytorch/pull/50431, Chillee, 2021-02-21) puts the module abstraction at ~2.2 us for a
+# module that does nothing (3.08 us against 0.91 us for its one op).
+HOST_MODULE_CALL_US = 2.2
+# Every op issued inside a module's forward also pays the Python of the line around it (attribute lookups of
+# parameters and submodules, argument unpacking, indexing, the interpreter's bytecode), on top of its dispatch and
+# launch above: gpt-fast's eager decode step (below) comes to ~9.5 us per op (39 ms over the ~4,100 launches and
+# views its replica issues) where a bare `a @ b` loop (the RTX 4090 row) runs at 5.7 us. No direct measurement
+# of the Python part exists; fitted on the calibration half of
+# benchmarks/fidelity.py only, the one eager row there (gpt-fast's eager Llama-2-7B decode on an A100, 25.5 tok/s,
+# run op for op by benchmarks/decode_replicas.py): 5.3 us. Checked on held-out rows it was not fitted to (Hugging
+# Face Qwen-2.5-7B decode on an H100 and an L4).
+HOST_MODULE_OP_US = 5.3
 
 # `Tensor.pin_memory()` copies a pageable tensor into page-locked memory: a memcpy on the host, before any
 # transfer starts. PyTorch's tutorial on pinned memory (https://docs.pytorch.org/tutorials/intermediate/
@@ -250,7 +261,9 @@ _LINK_LIST = [
 # ---- machines people rent: which GPU pairs share how many NVLinks (course/costs.py `peer_copy_ns`) ----
 # One NVLink 2 brick carries 25 GB/s per direction; a V100-SXM2 has six (the nvlink2 Link above is all six).
 NVLINK2_BRICK_GBPS = 25.0
-# A copy between two GPUs over k bricks reaches this fraction of k x 25 GB/s: fitted on the calibration row
+# A copy between two GPUs of a machine preset over NVLink (k bricks, or a switch's whole link) runs on the copy
+# engines and reaches this fraction of the NVLink bandwidth, apart from the all-reduce-fitted efficiency of the
+# links above (without a machine preset, peer copies keep the link's efficiency). Fitted on the calibration row
 # "P2P unidirectional, 2 NVLinks" of benchmarks/fidelity.py (Dell EMC PowerEdge C4130 configuration K, four
 # V100-SXM2 with two bricks between every pair: p2pBandwidthLatencyTest 47.88 of 50 GB/s, Dell EMC Ready
 # Solutions for AI Deep Learning with NVIDIA reference guide v1.0, section 3.1, Table 3).

@@ -11,7 +11,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course import costs
+from course import attention, costs
 from course.devices import CPU, KEEP_FRAMES, EmulatedTensor, current_emulator, wrap
 from course.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 
@@ -258,6 +258,7 @@ _HANDLERS = {
     torch.Tensor.data_ptr: _data_ptr,
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
+    torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
 }
 
 

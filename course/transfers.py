@@ -112,7 +112,9 @@ def _raw_move(tensor: torch.Tensor, dst: int, non_blocking: bool) -> torch.Tenso
     pinned_at = pinned_ready_ns(tensor, emu.clock)
     if pinned_at > emu.clock.host_ns:  # pinned by another thread (a DataLoader's): this one cannot have it sooner
         emu.clock.host_wait(pinned_at, "wait for the pin-memory thread")
-    end = charge_copy(emu, src, dst, nbytes, ready_ns, pinned=is_pinned(tensor), non_blocking=non_blocking)
+    # A non-blocking copy to the host lands in pinned memory that PyTorch allocates for it (`_to_copy`'s pin_out).
+    pinned = is_pinned(tensor) or (non_blocking and dst == CPU and src != CPU)
+    end = charge_copy(emu, src, dst, nbytes, ready_ns, pinned=pinned, non_blocking=non_blocking)
     if block is not None:
         block.ready_ns = end
     if dst == CPU and not new_inner.is_meta:

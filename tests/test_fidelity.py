@@ -29,12 +29,12 @@ def test_emulator_matches_published_measurements_it_was_not_fitted_to():
     s = fidelity.summary(rows)
     held_out = [r for r in rows if r.half == fidelity.HELD_OUT]
     worst = max(held_out, key=lambda r: abs(r.error_pct))
-    # Median: issue 15's target for an unseen table (<= 10%); measured 4.7%. Worst: measured 36.9% (eager Qwen-2.5-7B
-    # decode on an H100, predicted faster than measured: the host model charges per op only, not the Python
-    # around the ops), then 35.5% (the skinny 802816x192x768 GEMM, where real kernels do not overlap memory and
-    # compute as the roofline assumes).
+    # Median: issue 15's target for an unseen table (<= 10%); measured 5.1%. Worst: measured 35.5% (the skinny
+    # 802816x192x768 GEMM, where real kernels do not overlap memory and compute as the roofline assumes), then
+    # -23.1% (eager Qwen-2.5-7B decode on an H100: the host model's Python per op inside modules is fitted on
+    # gpt-fast's eager decode, and Hugging Face's step costs a little more host time than that predicts).
     assert s["held_out_median"] <= 10, s
-    assert s["held_out_worst"] <= 40, f"{worst.what} on {worst.hardware}: {worst.error_pct:+.1f}%"
+    assert s["held_out_worst"] <= 36, f"{worst.what} on {worst.hardware}: {worst.error_pct:+.1f}%"
     # The points presets were fitted to before the split stay as good as they were.
     for row in rows:
         if row.fitted_before:

@@ -1,4 +1,6 @@
 """Checks that the hardware presets are complete and the cost model agrees with torch and with calibration."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -339,15 +341,19 @@ def test_each_machine_emulates_its_gpus_and_links(key, gpu, num_gpus, link, host
 
 @pytest.mark.parametrize("key", ["DGX-A100", "DGX-H100", "8xL4"])
 def test_switched_machines_give_every_pair_the_whole_link(key):
-    """Behind an NVSwitch (or a PCIe switch with peer-to-peer) every pair copies as fast as any other, at the
-    rate of the same link without a machine preset."""
+    """Behind an NVSwitch (or a PCIe switch with peer-to-peer) every pair copies as fast as any other: over NVLink
+    at the copy engines' efficiency, over PCIe at the same link's rate without a machine preset."""
     machine = hardware.machine(key)
+    link = hardware.link(machine.link)
     nbytes = 2**28
-    plain = _peer_copy_ms(dict(gpus=machine.num_gpus, gpu=machine.gpu, link=machine.link,
-                               host_link=machine.host_link), 0, 1, nbytes)
+    expected = _peer_copy_ms(dict(gpus=machine.num_gpus, gpu=machine.gpu, link=machine.link,
+                                  host_link=machine.host_link), 0, 1, nbytes)
+    if link.key.startswith("nvlink"):  # the same copy, at the copy engines' rate instead of the link's
+        copy_engine_ns = link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * hardware.NVLINK_P2P_COPY_EFFICIENCY)
+        expected += (math.ceil(copy_engine_ns) - costs.copy_ns(link, nbytes, pinned=True)) / 1e6
     times = {_peer_copy_ms(dict(machine=key), src, dst, nbytes)
              for src, dst in ((0, 1), (0, machine.num_gpus - 1), (3, 5))}
-    assert times == {plain}
+    assert len(times) == 1 and times.pop() == pytest.approx(expected)
 
 
 def test_rtx4090_peer_copies_go_through_host_memory():
@@ -384,3 +390,110 @@ def test_a_machine_preset_that_would_be_priced_wrongly_is_refused():
         hardware.Machine("odd", "A100-80GB", 2, "nvlink3", "pcie4", ((0, 1, 12),), every_pair_direct=True)
     with pytest.raises(ValueError, match="costed at NVLINK2_BRICK_GBPS"):
         hardware.Machine("odd", "A100-80GB", 2, "nvlink3", "pcie4", ((0, 1, 12),))
+
+
+def _trace_names_during(emu, fn):
+    before = len(emu.trace)
+    out = fn()
+    return out, [event.name for event in emu.trace[before:]]
+
+
+@pytest.mark.parametrize("case", [dict(), dict(causal=True), dict(mask="bool"), dict(mask="float"),
+                                  dict(kv_heads=2, gqa=True), dict(kv_heads=2, gqa=True, length=1),
+                                  dict(kv_heads=2, gqa=True, causal=True)],
+                         ids=["plain", "causal", "bool-mask", "float-mask", "gqa", "gqa-decode", "gqa-causal"])
+def test_sdpa_on_an_emulated_gpu_is_one_fused_kernel_with_cpu_torchs_values_and_grads(case):
+    """CUDA runs SDPA as one flash or memory-efficient kernel; the emulator does too, and gets the same numbers and
+    gradients as plain CPU PyTorch (grouped-query heads folded into the sequence, or repeated under a causal mask)."""
+    import course
+
+    torch.manual_seed(0)
+    length, kv_heads = case.get("length", 5), case.get("kv_heads", 8)
+    q = torch.randn(2, 8, length, 16, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, 9, 16, requires_grad=True) for _ in range(2))
+    mask = {"bool": torch.rand(length, 9) > 0.3, "float": torch.randn(2, 1, length, 9)}.get(case.get("mask"))
+    if mask is not None and mask.dtype == torch.bool:
+        mask[:, 0] = True
+    kwargs = dict(attn_mask=mask, is_causal=case.get("causal", False), enable_gqa=case.get("gqa", False))
+    expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    expected.sum().backward()
+    with course.emulate(gpus=1) as emu:
+        qc, kc, vc = (t.detach().cuda().requires_grad_() for t in (q, k, v))
+        mc = None if mask is None else mask.cuda()
+        out, names = _trace_names_during(
+            emu, lambda: F.scaled_dot_product_attention(qc, kc, vc, **dict(kwargs, attn_mask=mc)))
+        out.sum().backward()
+        assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu") == 1
+        assert not any("bmm" in name or "softmax" in name for name in names)
+        torch.testing.assert_close(out.cpu(), expected)
+        for emulated, plain in zip((qc, kc, vc), (q, k, v)):
+            torch.testing.assert_close(emulated.grad.cpu(), plain.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_shape_only_sdpa_reads_keys_once_unless_the_math_backend_is_asked_for():
+    """At batch-1 decode the fused kernel moves q, k, v and the output once; `sdpa_kernel(SDPBackend.MATH)` (as
+    gpt-fast's decode loop asks) runs the math path's kernels instead, with its fp32 attention matrix."""
+    import course
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with course.emulate(gpus=1, materialize=False) as emu:
+        q = torch.empty(1, 28, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.empty(1, 4, 2048, 128, device="cuda", dtype=torch.bfloat16)
+        before = len(emu.trace)
+        F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        (fused,) = emu.trace[before:]
+        assert fused.bytes < 1.1 * (2 * k.numel() * 2 + 2 * q.numel() * 2 + 28 * 4)
+        before = len(emu.trace)
+        with sdpa_kernel(SDPBackend.MATH):
+            F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        assert len(emu.trace) - before > 3
+
+
+def test_module_calls_and_the_ops_inside_them_cost_the_host():
+    """The same op costs the host HOST_MODULE_OP_NS more inside a module's forward than in a bare loop, and each
+    module call HOST_MODULE_CALL_NS; ops outside any module (and every op outside the emulator) pay neither."""
+    import course
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with course.emulate(gpus=1, materialize=False) as emu:
+        x = torch.empty(4, device="cuda")
+        start = emu.clock.host_ns
+        x * 2
+        bare = emu.clock.host_ns - start
+        start = emu.clock.host_ns
+        Double()(x)
+        in_module = emu.clock.host_ns - start
+    assert bare == costs.HOST_LAUNCH_NS
+    assert in_module == costs.HOST_LAUNCH_NS + costs.HOST_MODULE_OP_NS + costs.HOST_MODULE_CALL_NS
+    assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl  # PyTorch's own once the emulator stops
+
+
+def test_a_non_blocking_copy_to_the_host_lands_in_pinned_memory():
+    """PyTorch's `_to_copy` allocates pinned memory for a non-blocking device-to-host copy, so it runs at the pinned
+    rate; a blocking one lands in pageable memory."""
+    import course
+
+    def copy_ms(non_blocking):
+        with course.emulate(gpus=1, host_link="pcie4", materialize=False) as emu:
+            x = torch.empty(2**28, device="cuda", dtype=torch.uint8)
+            x.to("cpu", non_blocking=non_blocking)
+            (event,) = [e for e in emu.trace if e.name.startswith("copy cuda:0->cpu")]
+            return event.end_ns - event.start_ns
+
+    link = hardware.link("pcie4")
+    assert copy_ms(True) == costs.copy_ns(link, 2**28, pinned=True)
+    assert copy_ms(False) == costs.copy_ns(link, 2**28, pinned=False)
+
+
+def test_shape_only_ops_that_wrap_a_python_scalar_run_as_on_a_gpu():
+    """`torch.where(mask, -inf, logits)` (gpt-fast's top-k sampling) wraps the scalar in a 0-dim tensor on the
+    wrapper's C++ device, meta in shape-only mode: like a 0-dim CPU tensor, it joins the GPU op."""
+    import course
+
+    with course.emulate(gpus=1, materialize=False):
+        logits = torch.empty(32000, device="cuda")
+        out = torch.where(logits < logits[:1], -float("inf"), logits)
+        assert out.device == torch.device("cuda", 0) and out.shape == logits.shape

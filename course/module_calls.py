@@ -1,0 +1,27 @@
+"""The host's Python around eager PyTorch ops: every `nn.Module` call costs the host time before its ops run.
+
+A module call goes through `Module.__call__` (its hook checks), the forward's Python frame and its attribute
+lookups, on top of what each op inside it costs (course/costs.py). Model code issues as many module calls as a
+few ops per call, so eager small-batch work is host-bound on fast GPUs, as on real machines.
+"""
+from __future__ import annotations
+
+import torch
+
+from course import costs, devices
+
+_MODULE_CALL = torch.nn.Module.__call__  # PyTorch's own, kept before the emulator puts `module_call` in its place
+
+
+def module_call(self, *args, **kwargs):
+    """`nn.Module.__call__` while the emulator runs: charge the host, then call the module as PyTorch does."""
+    __tracebackhide__ = True
+    emu = devices.active
+    if emu is None:
+        return _MODULE_CALL(self, *args, **kwargs)
+    clock = emu.clock
+    clock.enter_module(costs.HOST_MODULE_CALL_NS)
+    try:
+        return _MODULE_CALL(self, *args, **kwargs)
+    finally:
+        clock.exit_module()
