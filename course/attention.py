@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from course import autocast
 from course.devices import CPU, EmulatedTensor
 
 aten = torch.ops.aten
@@ -45,6 +46,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             return torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                 enable_gqa=enable_gqa)
+    # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
+    query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
     if scale is None:
         scale = query.shape[-1] ** -0.5  # the default, fixed before any folding changes the shapes
     batch, heads, length, dim = query.shape

@@ -129,6 +129,14 @@ def _cast(value, dtype: torch.dtype, device: str):
     return casted
 
 
+def to_lower_precision(*tensors, device: str = "cuda"):
+    """What autocast does to the arguments of an op on its lower-precision list, for emulator code that runs such an
+    op as another one (SDPA as a fused kernel, course/attention.py): cast to the autocast dtype when it is on."""
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    return tuple(_cast(t, torch.get_autocast_dtype(device), device) for t in tensors)
+
+
 def _cast_all(args, kwargs, dtype, device):
     return (tuple(_cast(a, dtype, device) for a in args), {k: _cast(v, dtype, device) for k, v in kwargs.items()})
 
