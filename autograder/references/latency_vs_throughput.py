@@ -61,3 +61,23 @@ def dynamic_batching(arrival_ms, pass_ms, max_batch) -> list[float]:
         done[first:last] = [free_at] * (last - first)
         first = last
     return done
+
+
+def diagnose_serving(arrival_ms, start_ms, done_ms, pass_ms, batch_limit) -> tuple[str, str]:
+    """(cause, change) for a served run's p99 latency: "queue" or "pass", then the cheapest change that fixes it.
+
+    The requests at or above the p99 latency are split into waiting (arrival to start of their pass) and their
+    pass. A pass problem only shrinks with a shorter pass: tensor parallelism. A queue problem is a lack of
+    throughput: free if a pass of batch_limit requests serves more per second than arrive, else more replicas.
+    """
+    latencies = [done - arrival for arrival, done in zip(arrival_ms, done_ms)]
+    p99 = sorted(latencies)[int(0.99 * len(latencies))]
+    slow = [i for i, latency in enumerate(latencies) if latency >= p99]
+    waiting = sum(start_ms[i] - arrival_ms[i] for i in slow)
+    in_pass = sum(done_ms[i] - start_ms[i] for i in slow)
+    if waiting <= in_pass:
+        return ("pass", "tensor parallelism")
+    arrivals_per_ms = len(arrival_ms) / (max(arrival_ms) - min(arrival_ms))
+    if batch_limit / pass_ms(batch_limit) > arrivals_per_ms:
+        return ("queue", "larger batches")
+    return ("queue", "more replicas")
