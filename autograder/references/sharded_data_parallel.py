@@ -53,3 +53,26 @@ def choose_zero_stage(num_params: int, world_size: int, activation_bytes: int, g
         if measure(stage, num_params, world_size, gpu, activation_bytes) is not None:
             return [stage, ring_bytes_sent_per_step(num_params, world_size, stage)]
     return None
+
+
+def all_gather_waits(events, num_blocks: int) -> list[tuple[str, int, float]]:
+    """(phase, block, wait_ms) for every all-gather of one GPU's FSDP2 step, in the order they ran.
+
+    FSDP2 gathers a block's weights before its forward (blocks 0, 1, ...) and again for its backward, which needs the
+    last block first; one NCCL stream runs the all-gathers in the order they were issued, so the k-th is known
+    whatever the GPU times. wait_ms is the part of the all-gather during which the compute stream (stream 0) runs no
+    kernel: the exposed communication, counted as profilers count communication not overlapped with compute."""
+    busy: list[list[int]] = []
+    for start, end in sorted((e.start_ns, e.end_ns) for e in events if e.kind == "kernel" and e.stream == 0):
+        if busy and start <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], end)
+        else:
+            busy.append([start, end])
+    gathers = sorted((e for e in events if e.kind == "collective" and e.name == "nccl:all_gather"),
+                     key=lambda e: e.start_ns)
+    waits = []
+    for k, gather in enumerate(gathers):
+        phase, block = ("forward", k) if k < num_blocks else ("backward", 2 * num_blocks - 1 - k)
+        covered_ns = sum(max(0, min(end, gather.end_ns) - max(start, gather.start_ns)) for start, end in busy)
+        waits.append((phase, block, (gather.end_ns - gather.start_ns - covered_ns) / 1e6))
+    return waits
