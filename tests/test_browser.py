@@ -387,7 +387,9 @@ def test_a_chapter_runs_all_in_jupyterlab_untouched_and_answered(chapter, lab, l
             page.wait_for_function(
                 "n => document.querySelectorAll('.jp-OutputArea-output .widget-slider').length >= n"
                 " || document.body.textContent.includes('Error displaying widget')", arg=sliders, timeout=90_000)
-            assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+            # textContent, not innerText: a cell out of view (content-visibility) has no innerText.
+            assert "Error displaying widget" not in page.locator(".jp-Notebook").text_content()
+            assert page.locator(".jp-OutputArea-output .widget-slider").count() >= sliders
             _close(page)
 
 
