@@ -119,9 +119,10 @@ def lab(tmp_path_factory):
     else:
         server.kill()
         pytest.fail("JupyterLab did not start: " + log.read_text()[-2000:])
-    yield Lab(url, token, folder)
+    lab = Lab(url, token, folder)
+    yield lab
     with contextlib.suppress(OSError):
-        Lab(url, token, folder).shut_down_kernels()
+        lab.shut_down_kernels()
     server.terminate()
     try:
         server.wait(timeout=20)
@@ -187,6 +188,9 @@ class Walk:
     saved: dict
     shown: list[dict]
 
+    def ran(self, index: int) -> bool:
+        return re.search(r"\[\d+\]", self.shown[index]["prompt"]) is not None
+
     def tracebacks(self, index: int) -> list[str]:
         return [text for text in self.shown[index]["stderr"] if TRACEBACK.search(text)]
 
@@ -227,11 +231,12 @@ def _walk(lab: Lab, page, notebook: Path, timeout_s: float = 300) -> Walk:
     _open(page, lab, notebook)
     _menu(page, "Run", "Run All Cells")
     # Run All marks every cell queued at once and the indicator stays busy until the last cell is done, even
-    # while JupyterLab resubmits the cells after a tagged cell's error: done is no cell queued and idle, twice.
+    # while JupyterLab resubmits the cells after a tagged cell's error: done is no cell queued and idle, for
+    # three polls in a row.
     deadline, idle_polls = time.time() + timeout_s, 0
-    while idle_polls < 2:
+    while idle_polls < 3:
         assert time.time() < deadline, f"Run All of {notebook.name} did not stop within {timeout_s:.0f} s"
-        page.wait_for_timeout(500)
+        page.wait_for_timeout(250)
         state = page.evaluate(_RUNNING)
         idle_polls = idle_polls + 1 if state["queued"] == 0 and state["status"] == "idle" else 0
     saved_before = notebook.stat().st_mtime_ns
@@ -265,7 +270,7 @@ def _problems(walk: Walk, may_fail: set[int]) -> list[str]:
         if cell["cell_type"] != "code":
             continue
         where = _where(walk, index)
-        if not re.search(r"\[\d+\]", shown["prompt"]):
+        if not walk.ran(index):
             problems.append(f"{where} did not run (prompt {shown['prompt']!r})")
             continue
         tracebacks = walk.tracebacks(index)
@@ -358,7 +363,7 @@ def test_a_chapter_runs_all_in_jupyterlab_untouched_and_answered(chapter, lab, l
         untouched = _walk(lab, page, untouched_path)
         _close(page)
         problems = _problems(untouched, may_fail=answers | tests)
-        passing = sorted(index for index in tests if not untouched.tracebacks(index))
+        passing = sorted(index for index in tests if untouched.ran(index) and not untouched.tracebacks(index))
         problems += [f"{_where(untouched, index)} passes with the exercises untouched" for index in passing]
         assert not problems, f"{chapter}, untouched, Run All:\n" + "\n\n".join(problems)
 
@@ -373,12 +378,14 @@ def test_a_chapter_runs_all_in_jupyterlab_untouched_and_answered(chapter, lab, l
             if shown["widgets"] and page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".widget-slider").count():
                 _move_a_slider(page, index)
         _close(page)
-    # Plots of the answered chapter that are not part of an exercise show untouched too, or the demos since
-    # the last exercise say which exercise to finish (demo_needs), in that cell or one before it.
+    # Plots of the answered chapter that are not part of an exercise show untouched too, or a demo since the
+    # last exercise says which exercise to finish (demo_needs), in the plot's cell or in one before it.
     exercises = answers | tests
-    missing = [_where(untouched, index) for index in sorted(answered.plotted() - untouched.plotted() - exercises)
-               if not any(DEMO_WAITS.search(untouched.shown[before]["text"])
-                          for before in range(max((e for e in exercises if e < index), default=0), index + 1))]
+    missing = []
+    for index in sorted(answered.plotted() - untouched.plotted() - exercises):
+        since = max((exercise for exercise in exercises if exercise < index), default=-1) + 1
+        if not any(DEMO_WAITS.search(untouched.shown[cell]["text"]) for cell in range(since, index + 1)):
+            missing.append(_where(untouched, index))
     assert not missing, f"{chapter}, untouched: no plot and no word why in " + ", ".join(missing)
 
     if sliders:  # a learner comes back the next day: the saved widget state shows, not "model not found"
@@ -466,8 +473,9 @@ def make_lab(tmp_path):
         os.killpg(lab.pid, signal.SIGTERM)  # make, its shell and JupyterLab: the group make leads
         lab.wait()
         # JupyterLab shuts down, but once a notebook was opened it can then hang at exit, waiting for an
-        # idle anyio worker thread (jupyter_server 2.21.1): give it a moment, then kill what is left.
-        deadline = time.time() + 10
+        # idle anyio worker thread (jupyter_server 2.21.1): give it a moment, then kill what is left (its
+        # kernels were shut down above).
+        deadline = time.time() + 3
         while server and _alive(server["pid"]) and time.time() < deadline:
             time.sleep(0.5)
         with contextlib.suppress(ProcessLookupError):
