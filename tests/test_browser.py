@@ -241,9 +241,13 @@ def _walk(lab: Lab, page, notebook: Path, timeout_s: float = 300) -> Walk:
         idle_polls = idle_polls + 1 if state["queued"] == 0 and state["status"] == "idle" else 0
     saved_before = notebook.stat().st_mtime_ns
     page.keyboard.press("Control+s")
-    while notebook.stat().st_mtime_ns == saved_before:
+    saved = None
+    while saved is None:  # the server may write the file in place: wait until it is new and whole
         assert time.time() < deadline, f"{notebook.name} was not saved"
         page.wait_for_timeout(200)
+        if notebook.stat().st_mtime_ns != saved_before:
+            with contextlib.suppress(json.JSONDecodeError):
+                saved = json.loads(notebook.read_text())
     # Images decode after they are attached (a broken one never gets a width), and widgets may still be
     # loading their models; one that is still loading after a while never shows.
     page.wait_for_function("() => [...document.querySelectorAll('.jp-OutputArea-output img')].every(i => i.complete)",
@@ -251,7 +255,7 @@ def _walk(lab: Lab, page, notebook: Path, timeout_s: float = 300) -> Walk:
     with contextlib.suppress(playwright.TimeoutError):
         page.wait_for_function("() => !document.querySelector('.jp-Notebook').textContent.includes('Loading widget')",
                                timeout=10_000)
-    return Walk(json.loads(notebook.read_text()), page.evaluate(_SHOWN))
+    return Walk(saved, page.evaluate(_SHOWN))
 
 
 def _where(walk: Walk, index: int) -> str:
