@@ -74,3 +74,18 @@ def first_divergence(calls_per_rank):
         if len(groups) > 1:
             return position, groups
     return None
+
+
+def exposed_all_reduce(trace):
+    """(first all-reduce on cuda:0 still running when backward's last kernel ends, ms from then to the last one's end).
+
+    Backward's last kernel is the last one on cuda:0's compute stream (0) that starts before the last all-reduce
+    ends: the optimizer's kernels wait for it, and the compress hook's casts back to fp32 run on another stream.
+    """
+    gpu0 = [e for e in trace if e.device == "cuda:0"]
+    all_reduces = sorted((e for e in gpu0 if e.kind == "collective"), key=lambda e: e.start_ns)
+    communication_end_ns = max(e.end_ns for e in all_reduces)
+    backward_end_ns = max(e.end_ns for e in gpu0
+                          if e.kind == "kernel" and e.stream == 0 and e.start_ns < communication_end_ns)
+    first_bucket = next(index for index, e in enumerate(all_reduces) if e.end_ns > backward_end_ns)
+    return first_bucket, (communication_end_ns - backward_end_ns) / 1e6
