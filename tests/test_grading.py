@@ -124,7 +124,11 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
         "infinite_loop": S(extra={"distributed_model_forward": "\nwhile True:\n    pass\n"}),
         "os_exit": S(extra={"move_batch": "\nimport os\nos._exit(1)\n"}),
         "segfault": S(extra={"effective_bandwidth_gbps": "\nimport ctypes\nctypes.string_at(0)\n"}),
-        "memory_bomb": S(extra={"distributed_model_forward": "\nblob = []\nwhile True:\n    blob.append(bytearray(2**28))\n"}),
+        # hits the sandbox's memory limit and fails with MemoryError, but gives the memory back first: the later
+        # exercises (chapter 1's fast_train) need it, as they would after such a cell on any machine
+        "memory_bomb": S(extra={"distributed_model_forward": (
+            "\nblob = []\ntry:\n    while True:\n        blob.append(bytearray(2**28))\nexcept MemoryError:\n"
+            "    blob.clear()\n    raise\n")}),
         "spawner": S(extra={"distributed_model_forward": (
             "\nimport os, time\nforked = 0\ntry:\n    for _ in range(100000):\n        if os.fork() == 0:\n"
             "            time.sleep(20)\n            os._exit(0)\n        forked += 1\nexcept OSError as e:\n"

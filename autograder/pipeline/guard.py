@@ -175,14 +175,17 @@ def _grader_guard():
              "is": operator.is_, "is not": operator.is_not}
 
     def grader_cmp(ops, *operands):
+        """Python's own semantics: one comparison gives its result (a tensor for `got != want`), a chain the first
+        falsy result or the last one."""
         for i, op in enumerate(ops):
             a, b = operands[i], operands[i + 1]
             if op not in ("is", "is not"):
                 check(a)
                 check(b)
-            if not FUNCS[op](a, b):
-                return False
-        return True
+            result = FUNCS[op](a, b)
+            if i < len(ops) - 1 and not result:
+                return result
+        return result
 
     class StrictCompare(ast.NodeTransformer):
         def visit_Compare(self, node):
