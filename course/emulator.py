@@ -116,12 +116,10 @@ class Emulator:
         for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
             self._patch(target, replacements)
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
-        self._patch(torch.nn.Module, {"__call__": module_calls.module_call})  # the host pays for every module call
+        # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
+        self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
         for target, replacements in checkpoints.patches():  # torch.save/torch.load with 'cuda:i' locations
             self._patch(target, replacements)
-        # Without this, Module.to() assigns param.data and silently drops the fake device.
-        self._swap_before = torch.__future__.get_swap_module_params_on_conversion()
-        torch.__future__.set_swap_module_params_on_conversion(True)
         devices.active = self
         autocast.install()
         self._env_before = autostart.publish(self._config())
@@ -138,7 +136,6 @@ class Emulator:
         profiling.stop_recordings(self)
         devices.active = self._outer
         autostart.restore(self._env_before)
-        torch.__future__.set_swap_module_params_on_conversion(self._swap_before)
         for module, name, original in reversed(self._saved):
             if original is _ABSENT:
                 delattr(module, name)

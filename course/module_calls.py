@@ -2,7 +2,8 @@
 
 A module call goes through `Module.__call__` (its hook checks), the forward's Python frame and its attribute
 lookups, on top of what each op inside it costs (course/costs.py). Model code issues as many module calls as a
-few ops per call, so eager small-batch work is host-bound on fast GPUs, as on real machines.
+few ops per call, so eager small-batch work is host-bound on fast GPUs, as on real machines. The other
+`nn.Module` patch, `module_apply`, makes conversions (`.to()`, `.cuda()`) keep the fake device.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from course import costs, devices
 
 _MODULE_CALL = torch.nn.Module.__call__  # PyTorch's own, kept before the emulator puts `module_call` in its place
+_MODULE_APPLY = torch.nn.Module._apply
 
 
 def module_call(self, *args, **kwargs):
@@ -25,3 +27,15 @@ def module_call(self, *args, **kwargs):
         return _MODULE_CALL(self, *args, **kwargs)
     finally:
         clock.exit_module()
+
+
+def module_apply(self, fn, recurse=True):
+    """`nn.Module._apply` (what `.to()`, `.cuda()` and `.half()` run) with parameters swapped for their converted
+    copies: assigning `param.data` would drop the fake device. Only there: `load_state_dict` must copy into the
+    parameters in place, as on a GPU, or the references that DDP's reducer and autograd hold would break."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        return _MODULE_APPLY(self, fn, recurse)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)

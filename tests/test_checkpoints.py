@@ -279,3 +279,25 @@ def test_mmap_loads_copy_to_the_gpu_so_the_file_can_be_overwritten(emu, tmp_path
     assert loaded["w"].device == torch.device("cuda", 1)
     torch.save({"w": torch.zeros(1, device="cuda:1")}, path)
     assert torch.equal(loaded["w"].cpu(), torch.arange(1000.0))
+
+
+def test_loading_into_a_trained_ddp_model_copies_into_its_parameters(emu, tmp_path):
+    """Resuming after DDP has wrapped (and trained) the model, as tutorial scripts do: load_state_dict copies into
+    the parameters DDP's reducer and autograd hold, as on a GPU, and training goes on from the loaded weights."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
+    try:
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2).to("cuda:0"), device_ids=[0])
+        model(torch.randn(3, 4, device="cuda:0")).sum().backward()
+        params = list(model.module.parameters())
+        saved = {k: torch.full_like(v, 0.5) for k, v in model.module.state_dict().items()}
+        model.module.load_state_dict(saved)
+        assert all(p is q for p, q in zip(params, model.module.parameters()))
+        assert all(p.device == torch.device("cuda", 0) and bool((p == 0.5).all()) for p in params)
+        model.module.zero_grad()
+        model(torch.ones(1, 4, device="cuda:0")).sum().backward()
+        torch.testing.assert_close(model.module.weight.grad.cpu(), torch.ones(2, 4))
+    finally:
+        dist.destroy_process_group()
