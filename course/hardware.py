@@ -277,7 +277,8 @@ class Machine:
     A switch (NVSwitch, or a PCIe switch with peer-to-peer) gives every pair the whole `link`
     (`every_pair_direct`); a cube mesh joins some pairs by NVLink bricks (`nvlink_bricks`). Pairs with neither copy
     through host memory, down one PCIe link and up another (CUDA stages a peer copy through the host when the GPUs
-    cannot access each other's memory directly).
+    cannot access each other's memory directly). GPUs listed together in `pcie_switches` share one PCIe uplink to
+    the host; copies that cross the same link direction at once share its bandwidth (course/topology.py).
     """
 
     key: str
@@ -287,6 +288,8 @@ class Machine:
     host_link: str
     nvlink_bricks: tuple[tuple[int, int, int], ...] = ()
     every_pair_direct: bool = False
+    # GPUs behind one PCIe switch, whose single uplink to the CPU they share (course/topology.py).
+    pcie_switches: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         """Refuse presets the cost model would price wrongly, before any copy is timed with them."""
@@ -308,20 +311,24 @@ _MACHINE_LIST = [
     # DGX-1 with V100 (hybrid cube mesh): NCCL's topology dump of a DGX-1V in https://github.com/NVIDIA/nccl/
     # issues/671 lists each GPU's NVLink targets and counts (GPU0: GPU1 x1, GPU2 x1, GPU3 x2, GPU4 x2; six bricks
     # per GPU), and "Evaluating Modern GPU Interconnect" (arXiv 1903.04611, DGX-1 figure) draws the same cube
-    # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU (DGX-1 datasheet,
-    # https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf).
+    # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU, two GPUs behind
+    # each of four PCIe switches, each switch with one x16 uplink to a CPU (DGX-1 V100 system architecture
+    # whitepaper, https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf, DGX-1 topology
+    # figure; GPUs 0-1, 2-3, 4-5 and 6-7 share a switch as nvidia-smi topo -m reports PIX between them).
     Machine("DGX-1V", "V100", 8, "nvlink2", "pcie3", (
         (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
-        (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2))),
+        (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2)),
+        pcie_switches=((0, 1), (2, 3), (4, 5), (6, 7))),
     # DGX A100 640GB: eight A100-SXM4-80GB joined by six NVSwitches, 600 GB/s bidirectional between any two GPUs,
     # i.e. every pair gets all twelve NVLink 3 links, the nvlink3 Link above (DGX A100 User Guide, "Hardware
     # Overview", https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html). Host: PCIe 4; each
     # of four PCIe 4 switches serves two GPUs (and two NICs) and has one x16 uplink to the CPU (NVIDIA's "DGX A100
     # System Architecture" technical whitepaper, system topology figure; NVIDIA's GPUDirect Storage guide shows the
     # DGX A100's GPUs and NICs under shared switches, https://docs.nvidia.com/ai-enterprise/deployment/bare-metal/
-    # latest/gds-appendix-pci-validation.html). Not modelled: two GPUs of a switch copying to or from the host at
-    # once share that uplink; here each gets the whole pcie4 link (the emulator has no contention).
-    Machine("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4", every_pair_direct=True),
+    # latest/gds-appendix-pci-validation.html): GPUs 0-1, 2-3, 4-5, 6-7 by pairs. Two GPUs of a switch copying to or
+    # from the host at once share that uplink.
+    Machine("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4", every_pair_direct=True,
+            pcie_switches=((0, 1), (2, 3), (4, 5), (6, 7))),
     # DGX H100: eight H100 SXM5 80GB joined by four third-generation NVSwitches, 900 GB/s bidirectional between
     # any two GPUs (all eighteen NVLink 4 links, the nvlink4 Link above); GPUs on PCIe 5 (DGX H100 User Guide,
     # "Hardware Overview", https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html). Each GPU's
@@ -337,9 +344,9 @@ _MACHINE_LIST = [
     # 4x RTX 4090 on PCIe 4: GeForce cards have no GPUDirect peer-to-peer, so a peer copy goes back to the CPU and
     # out again (NCCL's maintainer, https://github.com/NVIDIA/nccl/issues/1309; tiny corp's patched driver README,
     # https://github.com/tinygrad/open-gpu-kernel-modules, on why stock drivers refuse P2P on the 4090). No NVLink
-    # on Ada GeForce (Ada whitepaper above). Modelled like the DGX-1V's pairs without NVLink: through host memory.
-    # Collectives keep the pcie4 link's rate, as the 4x RTX 4090 all-reduce rows of benchmarks/fidelity.py do (those
-    # ran the P2P driver); NCCL's stock path through host shared memory is not modelled apart.
+    # on Ada GeForce (Ada whitepaper above). Modelled like the DGX-1V's pairs without NVLink: through host memory,
+    # each GPU on a root port of its own. NCCL's rings go through host shared memory too (course/topology.py
+    # `collective_link`): the host link's rate per direction, two PCI hops per step.
     Machine("4xRTX4090", "RTX4090", 4, "pcie4", "pcie4"),
 ]
 
