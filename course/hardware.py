@@ -70,6 +70,14 @@ _H100_MEMORY_EFFICIENCY = 3.0 / 3.35
 # every tile smaller than 256x128 at 0.8 of its speed, and no k overhead.
 GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), (128, 128, 0.8),
               (128, 64, 0.8), (64, 128, 0.8), (64, 64, 0.8))
+# Known miss: the held-out fp16 802816x192x768 GEMM on an A100 is predicted 35% fast. It does 154 FLOP per byte
+# of its minimal traffic (A read once, C written once), just under the A100's ridge point (268 TFLOP/s over
+# 1.61 TB/s = 166 FLOP/B), so compute (1.10 ms at the 256x64 tile's speed) and memory (0.96 ms) both bind and the
+# roofline's max() is most optimistic there; the measured 1.50 ms lies between their max and their sum. A soft
+# roofline, time = (compute^p + memory^p)^(1/p), would give +2.4% at p = 2, but fitted on the calibration half
+# (GEMM, convolution and decode rows, conv efficiency refitted with it) it is worst at p = 2 (squared log error
+# 0.105) and best with no blending (0.100: the RTX 4090 512^3 row goes from -15% to -19% at p = 2), so it is not
+# used. Re-reading A once per column tile (256x64 tiles: three times) would make it slower still (2.5 ms).
 GEMM_TILE_K_OVERHEAD = 0
 # Skinny GEMMs (fewer than 64 rows or columns: decode steps, small micro-batches) do not use those tiles:
 # cuBLAS has narrow-tile and split-K kernels for them (split-K cuts k into slices so that a handful of output
