@@ -266,7 +266,7 @@ _LINK_LIST = [
          _NVLINK4_NVLS_BUSBW_GBPS),
 ]
 
-# ---- machines people rent: which GPU pairs share how many NVLinks (course/costs.py `peer_copy_ns`) ----
+# ---- machines people rent: NVLinks between GPU pairs, GPUs sharing a PCIe switch (course/topology.py) ----
 # One NVLink 2 brick carries 25 GB/s per direction; a V100-SXM2 has six (the nvlink2 Link above is all six).
 NVLINK2_BRICK_GBPS = 25.0
 # A copy between two GPUs of a machine preset over NVLink (k bricks, or a switch's whole link) runs on the copy
@@ -322,7 +322,7 @@ _MACHINE_LIST = [
     # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU, two GPUs behind
     # each of four PCIe switches, each switch with one x16 uplink to a CPU (DGX-1 V100 system architecture
     # whitepaper, https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf, DGX-1 topology
-    # figure; GPUs 0-1, 2-3, 4-5 and 6-7 share a switch as nvidia-smi topo -m reports PIX between them).
+    # figure, which draws two GPUs per switch without numbering them: taken as GPUs 0-1, 2-3, 4-5, 6-7, assumption).
     Machine("DGX-1V", "V100", 8, "nvlink2", "pcie3", (
         (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
         (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2)),
@@ -333,8 +333,8 @@ _MACHINE_LIST = [
     # of four PCIe 4 switches serves two GPUs (and two NICs) and has one x16 uplink to the CPU (NVIDIA's "DGX A100
     # System Architecture" technical whitepaper, system topology figure; NVIDIA's GPUDirect Storage guide shows the
     # DGX A100's GPUs and NICs under shared switches, https://docs.nvidia.com/ai-enterprise/deployment/bare-metal/
-    # latest/gds-appendix-pci-validation.html): GPUs 0-1, 2-3, 4-5, 6-7 by pairs. Two GPUs of a switch copying to or
-    # from the host at once share that uplink.
+    # latest/gds-appendix-pci-validation.html); which two share one is taken as GPUs 0-1, 2-3, 4-5, 6-7 (assumption).
+    # Two GPUs of a switch copying to or from the host at once share that uplink.
     Machine("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4", every_pair_direct=True,
             pcie_switches=((0, 1), (2, 3), (4, 5), (6, 7))),
     # DGX H100: eight H100 SXM5 80GB joined by four third-generation NVSwitches, 900 GB/s bidirectional between
@@ -347,7 +347,8 @@ _MACHINE_LIST = [
     # GPU through the PCIe switch (data-center GPUs support GPUDirect peer-to-peer over PCIe,
     # https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#peer-to-peer-memory-access). Assumption: the
     # host allows peer access; where a hypervisor or the platform's ACS settings forbid it, copies go through host
-    # memory as on the RTX 4090 box below. Not modelled: GPUs behind one switch sharing its uplink.
+    # memory as on the RTX 4090 box below. How the VM's GPUs sit behind PCIe switches is not published, so no
+    # uplink is shared (pcie_switches empty): each GPU's own link is still one resource per direction.
     Machine("8xL4", "L4", 8, "pcie4", "pcie4", every_pair_direct=True),
     # 4x RTX 4090 on PCIe 4: GeForce cards have no GPUDirect peer-to-peer, so a peer copy goes back to the CPU and
     # out again (NCCL's maintainer, https://github.com/NVIDIA/nccl/issues/1309; tiny corp's patched driver README,

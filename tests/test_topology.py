@@ -89,3 +89,15 @@ def test_switched_machines_keep_their_link_for_collectives():
         m = hardware.machine(key)
         link = hardware.link(m.link)
         assert topology.collective_link(m, link, hardware.link(m.host_link), list(range(8))) is link
+
+
+def test_two_copies_out_of_one_gpu_share_its_nvswitch_port():
+    """On a DGX H100 every pair has the whole NVLink through the switch, but GPU 0's port carries both copies."""
+    nbytes = 2**30
+    with course.emulate(machine="DGX-H100", materialize=False, force=True) as emu:
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+        for dst in (1, 2):
+            with torch.cuda.stream(torch.cuda.Stream(0)), torch.cuda.stream(torch.cuda.Stream(dst)):
+                src.to(f"cuda:{dst}", non_blocking=True)
+        first, second = [e.end_ns - e.start_ns for e in emu.trace if e.kind == "copy"]
+    assert second == pytest.approx(2 * first, rel=0.01)  # less the head start the first copy had
