@@ -355,7 +355,7 @@ _MACHINE_LIST = [
     # https://github.com/tinygrad/open-gpu-kernel-modules, on why stock drivers refuse P2P on the 4090). No NVLink
     # on Ada GeForce (Ada whitepaper above). Modelled like the DGX-1V's pairs without NVLink: through host memory,
     # each GPU on a root port of its own. NCCL's rings go through host shared memory too (course/topology.py
-    # `collective_link`): the host link's rate per direction, two PCI hops per step.
+    # `collective_link`): the host link's rate per direction, one PCI hop's latency per step.
     Machine("4xRTX4090", "RTX4090", 4, "pcie4", "pcie4"),
 ]
 

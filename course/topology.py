@@ -10,7 +10,7 @@ a shared uplink are conserved and the last copy ends when the link would have ca
 Collectives take NCCL's view of the same topology (`collective_link`): on a hybrid cube mesh the ring all-reduce
 runs over as many brick-disjoint rings through the chosen GPUs as the mesh has, each in both directions; where
 no ring of NVLinks joins them, or the GPUs cannot reach each other's memory at all (GeForce cards), the ring goes
-through host memory over PCIe.
+through host memory over PCIe (at the host link's rate, which may differ from the peer link's).
 """
 from __future__ import annotations
 
@@ -156,8 +156,9 @@ def collective_link(machine: Machine | None, link: Link, host_link: Link, device
 
     A switch (NVSwitch, or PCIe with peer-to-peer) gives the ring the whole link. On NVLink bricks, each
     brick-disjoint ring runs in both directions, so it carries 2 x NVLINK2_BRICK_GBPS (one brick per direction
-    for two GPUs). With no NVLink ring, or no peer access, every hop goes down to host memory and up again
-    (NCCL's shared-memory transport): the host link's rate, a PCI hop's latency twice per step.
+    for two GPUs). With no NVLink ring, or no peer access, every step goes up one GPU's PCIe link into host memory
+    and down the next one's (NCCL's shared-memory transport): the host link's rate per direction, and a PCI hop's
+    latency per step, as NCCL's own tuning model prices a PCI path (NCCL_HOP_LATENCY_US).
     """
     if machine is None or machine.every_pair_direct or len(devices) < 2:
         return link
@@ -167,7 +168,7 @@ def collective_link(machine: Machine | None, link: Link, host_link: Link, device
         return dataclasses.replace(link, name=f"{link.name}, {rings} ring(s) over the cube mesh",
                                    bandwidth_gbps=per_direction, nvls_busbw_gbps=0.0)
     return dataclasses.replace(host_link, name=f"{host_link.name} through host memory",
-                               hop_latency_us=2 * NCCL_HOP_LATENCY_US["pci"], nvls_busbw_gbps=0.0)
+                               hop_latency_us=NCCL_HOP_LATENCY_US["pci"], nvls_busbw_gbps=0.0)
 
 
 def route_capacity(machine: Machine, link: Link, host_link: Link, route: list[tuple]) -> float:
