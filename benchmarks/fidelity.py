@@ -6,11 +6,12 @@ script only runs the emulator and compares. Every row cites where its number was
 or post) and its configuration.
 
 The rows are split in two halves by a rule fixed before any error was looked at (see `assign_halves`):
-rows a preset had already been fitted to are "calibration"; every other row alternates held-out,
-calibration, held-out, ... in the order listed within its category (GEMM, device copy, host copy, peer copy,
-all-reduce, all-gather, eager decode, convolution training, end-to-end). Presets may be fitted to the calibration half only, so the held-out
-median and worst error are the headline: the clock is right where it was fitted, and only the error on
-the other half says how right it is elsewhere.
+rows a preset had already been fitted to are "calibration"; rows added after the split (to check model changes
+made after them) are "held-out"; every other row alternates held-out, calibration, held-out, ... in the order
+listed within its category (GEMM, device copy, host copy, peer copy, all-reduce, all-gather, eager decode,
+convolution training, end-to-end). Presets may be fitted to the calibration half only, so the held-out median
+and worst error are the headline: the clock is right where it was fitted, and only the error on the other
+half says how right it is elsewhere.
 Run: PYTHONPATH=. python benchmarks/fidelity.py
 """
 from __future__ import annotations
@@ -124,6 +125,48 @@ def machine_peer_copy_gbps(machine: str, src: int, dst: int, nbytes: int) -> flo
     with course.emulate(machine=machine, materialize=False, force=True):
         tensor = torch.empty(nbytes, device=f"cuda:{src}", dtype=torch.uint8)
         ms = _timed_ms(lambda: tensor.to(f"cuda:{dst}"))
+    return nbytes / (ms / 1e3) / GB
+
+
+def bidirectional_peer_gbps(a: int, b: int, nbytes: int, **machine) -> float:
+    """GB/s of p2pBandwidthLatencyTest's bidirectional figure: a copy a->b and a copy b->a at once, each on its own
+    streams, bytes of both over the time until both have landed. `machine` is what `course.emulate` takes."""
+    with course.emulate(**machine, materialize=False, force=True):
+        x = torch.empty(nbytes, device=f"cuda:{a}", dtype=torch.uint8)
+        y = torch.empty(nbytes, device=f"cuda:{b}", dtype=torch.uint8)
+        streams = [(torch.cuda.Stream(a), torch.cuda.Stream(b)) for _ in range(2)]
+
+        def both():
+            with torch.cuda.stream(streams[0][0]), torch.cuda.stream(streams[0][1]):
+                x.to(f"cuda:{b}", non_blocking=True)
+            with torch.cuda.stream(streams[1][1]), torch.cuda.stream(streams[1][0]):
+                y.to(f"cuda:{a}", non_blocking=True)
+            for pair in streams:
+                for stream in pair:
+                    torch.cuda.current_stream(stream.device).wait_stream(stream)
+
+        ms = _timed_ms(both)
+    return 2 * nbytes / (ms / 1e3) / GB
+
+
+def host_to_device_while_device_to_host_gbps(host_link: str, nbytes: int) -> float:
+    """GB/s of the host-to-device copy in nvbandwidth's host_to_device_bidirectional_memcpy_ce: a pinned H2D copy
+    measured while a D2H copy of the same size runs at the same time on another stream of the same GPU."""
+    with course.emulate(gpus=1, gpu="RTX4090", host_link=host_link, materialize=False, force=True):
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(nbytes, device="cuda:0", dtype=torch.uint8)
+        up, down = torch.cuda.Stream(0), torch.cuda.Stream(0)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(down):
+            dev.to("cpu", non_blocking=True)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(up):
+            start.record()
+            host.to("cuda:0", non_blocking=True)
+            end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
     return nbytes / (ms / 1e3) / GB
 
 
@@ -280,6 +323,7 @@ class Row:
     source: str
     predict: Callable[[], float]
     fitted_before: bool = False  # a preset was already fitted to this row before the split existed
+    added_later: bool = False  # added after the split, before the model changes it was meant to check
     half: str = ""
     predicted: float = float("nan")
 
@@ -303,6 +347,14 @@ CHSASANK = ("https://github.com/chsasank/device-benchmarks (README summary table
             "benchmark.py copies up to 0.38 GB and counts 2x bytes)")
 NCCL_1530 = ("https://github.com/NVIDIA/nccl/issues/1530 (8x RTX 4090 PCIe, all_reduce_perf -g 8 -b 8, "
              "NCCL_BUFFSIZE=8388608 run, out-of-place time at 8 B)")
+TINYGRAD_P2P = ("https://github.com/tinygrad/open-gpu-kernel-modules (README: 6x RTX 4090 on PCIe 4 with the "
+                "P2P driver; simpleP2P, p2pBandwidthLatencyTest, all_reduce_perf -g 6)")
+TINYGRAD_6 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/6 (3x RTX 4090, all slots PCIe 4 x16, "
+              "p2pBandwidthLatencyTest bidirectional matrices, GPU0<->GPU1)")
+NVBANDWIDTH_15 = ("https://github.com/NVIDIA/nvbandwidth/issues/15 (8x RTX 4090, nvbandwidth v0.2 defaults, "
+                  "CPU -> GPU 0 column)")
+NVBANDWIDTH_50 = ("https://github.com/NVIDIA/nvbandwidth/issues/50 (6x RTX A6000 on PCIe 4, no NVLink, "
+                  "device_to_device_memcpy_read_ce, GPU0 -> GPU1, same PCIe group)")
 TINYGRAD_36 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/36 (4x RTX 4090 with the P2P driver, "
                "all_reduce_perf -b 256M -e 2G -g 4, out-of-place busbw)")
 
@@ -390,6 +442,11 @@ def _rows() -> list[Row]:
             lambda: host_to_device_gbps("pcie5", 2**29, pinned=True)),
         Row(host, "D2H pinned (nvbandwidth CE)", "PCIe 5 x16 (ND H200 v5)", 52.0, "GB/s", AZURE_H200,
             lambda: device_to_host_gbps("pcie5", 2**29)),
+        Row(host, "H2D pinned, 64 MiB (nvbandwidth host_to_device_memcpy_ce)", "PCIe 4 x16 (8x RTX 4090)", 25.50,
+            "GB/s", NVBANDWIDTH_15, lambda: host_to_device_gbps("pcie4", 2**26, pinned=True), added_later=True),
+        Row(host, "H2D pinned while a D2H runs on the same GPU (nvbandwidth host_to_device_bidirectional_memcpy_ce)",
+            "PCIe 4 x16 (8x RTX 4090)", 11.24, "GB/s", NVBANDWIDTH_15,
+            lambda: host_to_device_while_device_to_host_gbps("pcie4", 2**26), added_later=True),
         # ---- GPU to GPU copies (GB/s) ----
         Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2)", "HGX H100 SXM, NVLink 4",
             376.65, "GB/s", "https://github.com/NVIDIA/nccl/issues/1264 (first post, P2P=Enabled Writes matrix)",
@@ -404,6 +461,21 @@ def _rows() -> list[Row]:
             "https://github.com/LLMServe/DistServe/issues/3 (interestingLSY, 2024-06-11: P2P=Enabled Writes "
             "matrix and nvidia-smi topo -m)",
             lambda: machine_peer_copy_gbps("DGX-A100", 0, 2, 40_000_000 * 4)),
+        Row(peer, "P2P copy over PCIe 4, CE read (ours: 8xL4 GPU0->GPU1, PCIe 4 P2P)", "6x RTX A6000, PCIe 4",
+            26.34, "GB/s", NVBANDWIDTH_50, lambda: machine_peer_copy_gbps("8xL4", 0, 1, 2**26), added_later=True),
+        Row(peer, "cudaMemcpyPeer GPU0->GPU1, 64 MB (simpleP2P)", "RTX 4090, PCIe 4, P2P driver", 24.44, "GB/s",
+            TINYGRAD_P2P, lambda: peer_copy_gbps("RTX4090", "pcie4", 64 * 2**20), added_later=True),
+        Row(peer, "P2P bidirectional GPU0<->GPU1 (p2pBandwidthLatencyTest, P2P=Enabled)",
+            "6x RTX 4090, PCIe 4, P2P driver", 50.11, "GB/s", TINYGRAD_P2P,
+            lambda: bidirectional_peer_gbps(0, 1, 40_000_000 * 4, gpus=2, gpu="RTX4090", link="pcie4"),
+            added_later=True),
+        Row(peer, "P2P bidirectional GPU0<->GPU1 (p2pBandwidthLatencyTest, P2P=Enabled)",
+            "3x RTX 4090, PCIe 4, P2P driver", 41.38, "GB/s", TINYGRAD_6,
+            lambda: bidirectional_peer_gbps(0, 1, 40_000_000 * 4, gpus=2, gpu="RTX4090", link="pcie4"),
+            added_later=True),
+        Row(peer, "bidirectional GPU0<->GPU1 through host memory (p2pBandwidthLatencyTest, P2P=Disabled; "
+            "ours: 4xRTX4090)", "3x RTX 4090, PCIe 4", 25.76, "GB/s", TINYGRAD_6,
+            lambda: bidirectional_peer_gbps(0, 1, 40_000_000 * 4, machine="4xRTX4090"), added_later=True),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",
@@ -444,6 +516,16 @@ def _rows() -> list[Row]:
             lambda: allreduce_busbw_gbps("RTX4090", "pcie4", 4, 2**28)),
         Row(ar, "all-reduce busbw, 4 GPUs, 1 GiB", "4x RTX 4090, PCIe 4", 25.95, "GB/s", TINYGRAD_36,
             lambda: allreduce_busbw_gbps("RTX4090", "pcie4", 4, 2**30)),
+        Row(ar, "all-reduce busbw, 6 GPUs, 32 MiB", "6x RTX 4090, PCIe 4, P2P driver", 24.58, "GB/s", TINYGRAD_P2P,
+            lambda: allreduce_busbw_gbps("RTX4090", "pcie4", 6, 2**25), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 4 KiB", "8x A100 SXM, NVLink 3", 0.17, "GB/s", AZURE_A100_NCCL,
+            lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**12), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 256 KiB", "8x A100 SXM, NVLink 3", 10.11, "GB/s", AZURE_A100_NCCL,
+            lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**18), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 4 MiB", "8x A100 SXM, NVLink 3", 71.43, "GB/s", AZURE_A100_NCCL,
+            lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**22), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 256 MiB", "8x A100 SXM, NVLink 3", 213.87, "GB/s", AZURE_A100_NCCL,
+            lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**28), added_later=True),
         # ---- NCCL all-gather (busbw GB/s) ----
         Row(ag, "all-gather busbw, 8 GPUs, 16 GiB (\"saturated at ~360 GB/s\")", "8x H100, NVLink 4", 360,
             "GB/s", "https://github.com/NVIDIA/nccl-tests/issues/326 (all_gather_perf -b 128M -e 16384M -g 8; "
@@ -476,15 +558,16 @@ def _rows() -> list[Row]:
 def assign_halves(result: list[Row]) -> list[Row]:
     """Split the rows into a calibration half and a held-out half, by a rule fixed before any error was seen.
 
-    Rows a preset was already fitted to (`fitted_before`) are calibration. Every other row, in the order
-    listed within its category (shapes and sizes ascending within one machine), alternates held-out,
+    Rows a preset was already fitted to (`fitted_before`) are calibration; rows added after the split
+    (`added_later`: sourced and predicted before the model changes they check) are held-out. Every other row, in
+    the order listed within its category (shapes and sizes ascending within one machine), alternates held-out,
     calibration, held-out, ... per category. Presets in course/hardware.py may be fitted to calibration rows
     only; the held-out half is the figure that means something.
     """
     counters: dict[str, int] = {}
     for row in result:
-        if row.fitted_before:
-            row.half = CALIBRATION
+        if row.fitted_before or row.added_later:
+            row.half = CALIBRATION if row.fitted_before else HELD_OUT
             continue
         k = counters.get(row.category, 0)
         counters[row.category] = k + 1

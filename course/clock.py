@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from _thread import get_ident
+from typing import Callable
 
 from course.trace import TraceEvent
 
@@ -81,7 +82,7 @@ class Clock:
         name: str,
         device: int,
         stream: int,
-        duration_ns: int,
+        duration_ns: int | Callable[[int], int],
         inputs_ready_ns: int = 0,
         also_on: tuple[tuple[int, int], ...] = (),
         flops: int = 0,
@@ -91,7 +92,8 @@ class Clock:
         """Queue work on (device, stream) and return when it ends.
 
         `also_on` lists other (device, stream) pairs the work occupies too, as a peer copy holds
-        the streams of both GPUs.
+        the streams of both GPUs. `duration_ns` may be a function of the start time, for a copy whose speed
+        depends on what else crosses its links then (course/topology.py).
         """
         with self.lock:
             thread = get_ident()  # the host_ns property and _python_ns, inlined: this runs for every kernel
@@ -105,6 +107,8 @@ class Clock:
             start = max(host, inputs_ready_ns, ready.get(lane, 0))
             for other in also_on:
                 start = max(start, ready.get(other, 0))
+            if callable(duration_ns):
+                duration_ns = duration_ns(start)
             end = start + duration_ns
             ready[lane] = end
             for other in also_on:

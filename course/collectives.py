@@ -2,7 +2,8 @@
 
 On a CPU build these call CUDA-only C++ (`torch._C._scatter`, `_broadcast_coalesced`, NCCL) and fail,
 and `nn.DataParallel` quietly runs unsplit. While the emulator is active these versions stand in:
-real values, and times from the ring alpha-beta model over the preset's links.
+real values, and times from the ring alpha-beta model over the links NCCL's rings would use
+(`Emulator.collective_link`).
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def broadcast(tensor, devices=None, *, out=None):
     _check_collective("broadcast", [tensor])
     src = tensor._device_index
     end = _collective(emu, "nccl:broadcast", sorted(set(devices) | {src}),
-                      costs.broadcast_ns(emu.link, _nbytes(tensor), len(set(devices) | {src})),
+                      costs.broadcast_ns(emu.collective_link(set(devices) | {src}), _nbytes(tensor),
+                                         len(set(devices) | {src})),
                       [tensor], _nbytes(tensor))
     copies = []
     for i, device in enumerate(devices):
@@ -104,8 +106,8 @@ def broadcast_coalesced(tensors, devices, buffer_size=10485760):
         raise RuntimeError("broadcast_coalesced: all tensors must be on devices[0] "
                            f"(cuda:{devices[0]}); found them on {sorted(src)}")
     nbytes = sum(_nbytes(t) for t in tensors)
-    end = _collective(emu, "nccl:broadcast", devices, costs.broadcast_ns(emu.link, nbytes, len(devices)),
-                      tensors, nbytes)
+    end = _collective(emu, "nccl:broadcast", devices,
+                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices)), tensors, nbytes)
     result = [list(tensors)]
     for device in devices[1:]:
         result.append([_new_on(emu, device, _inner(t).clone(), end) for t in tensors])
@@ -143,7 +145,8 @@ def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
         group.append(position)
         group_bytes += _nbytes(position[0])
         if group_bytes >= buffer_size or index == len(positions) - 1:
-            end = _collective(emu, "nccl:reduce", lanes, costs.broadcast_ns(emu.link, group_bytes, len(lanes)),
+            end = _collective(emu, "nccl:reduce", lanes,
+                              costs.broadcast_ns(emu.collective_link(lanes), group_bytes, len(lanes)),
                               [t for p in group for t in p], group_bytes)
             results.extend(_new_on(emu, destination, _sum(p), end) for p in group)
             group, group_bytes = [], 0
@@ -227,7 +230,7 @@ def all_reduce(inputs, outputs=None, op=SUM, streams=None, comms=None):
     outputs = inputs if outputs is None else outputs
     nbytes = _nbytes(inputs[0])
     end = _collective(emu, "nccl:all_reduce", devices,
-                      costs.ring_allreduce_ns(emu.link, nbytes, len(devices)), inputs, nbytes)
+                      costs.ring_allreduce_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
     total = _reduce_values(inputs, op)
     for output in outputs:
         _inner(output).copy_(total)
@@ -240,8 +243,8 @@ def reduce(inputs, output=None, root=0, op=SUM, streams=None, comms=None, *, out
     devices = _check_collective("reduce", inputs)
     target = output if output is not None else (outputs[root] if outputs is not None else inputs[root])
     nbytes = _nbytes(inputs[0])
-    end = _collective(emu, "nccl:reduce", devices, costs.broadcast_ns(emu.link, nbytes, len(devices)),
-                      inputs, nbytes)
+    end = _collective(emu, "nccl:reduce", devices,
+                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
     _inner(target).copy_(_reduce_values(inputs, op))
     target._block.ready_ns = end
 
@@ -251,8 +254,8 @@ def nccl_broadcast(inputs, root=0, streams=None, comms=None):
     emu = current_emulator("torch.cuda.nccl.broadcast")
     devices = _check_collective("broadcast", inputs)
     nbytes = _nbytes(inputs[0])
-    end = _collective(emu, "nccl:broadcast", devices, costs.broadcast_ns(emu.link, nbytes, len(devices)),
-                      inputs, nbytes)
+    end = _collective(emu, "nccl:broadcast", devices,
+                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
     for tensor in inputs:
         if tensor is not inputs[root]:
             _inner(tensor).copy_(_inner(inputs[root]))
@@ -266,7 +269,7 @@ def all_gather(inputs, outputs, streams=None, comms=None):
     _check_collective("all_gather outputs", outputs)
     nbytes = _nbytes(outputs[0])
     end = _collective(emu, "nccl:all_gather", devices,
-                      costs.ring_allgather_ns(emu.link, nbytes, len(devices)), inputs, nbytes)
+                      costs.ring_allgather_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
     joined = torch.cat([_inner(t).reshape(-1) for t in inputs])
     for output in outputs:
         _inner(output).copy_(joined.view_as(_inner(output)))
@@ -280,7 +283,8 @@ def reduce_scatter(inputs, outputs, op=SUM, streams=None, comms=None):
     _check_collective("reduce_scatter outputs", outputs)
     nbytes = _nbytes(inputs[0])
     end = _collective(emu, "nccl:reduce_scatter", devices,
-                      costs.ring_reduce_scatter_ns(emu.link, nbytes, len(devices)), inputs, nbytes)
+                      costs.ring_reduce_scatter_ns(emu.collective_link(devices), nbytes, len(devices)), inputs,
+                      nbytes)
     chunks = _reduce_values(inputs, op).reshape(-1).chunk(len(outputs))
     for output, chunk in zip(outputs, chunks):
         _inner(output).copy_(chunk.view_as(_inner(output)))

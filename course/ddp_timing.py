@@ -99,7 +99,7 @@ def simulate_ddp_step(model, batch_shape, num_gpus: int, gpu="A100-80GB", link="
                 bucket_buffer = parameter_of[dtype].new_empty(nbytes // dtype.itemsize)
                 compressed = bucket_buffer.to(reduce_dtype).div_(num_gpus)
                 nbytes, ready_ns = compressed.numel() * compressed.element_size(), max(ready_ns, compressed.ready_ns)
-            duration_ns = costs.ring_allreduce_ns(emu.link, nbytes, num_gpus)
+            duration_ns = costs.ring_allreduce_ns(emu.collective_link(range(num_gpus)), nbytes, num_gpus)
             end_ns = emu.clock.launch_collective(
                 "nccl:all_reduce", lanes=[(d, s.stream_id) for d, s in enumerate(comm_streams)],
                 duration_ns=duration_ns, inputs_ready_ns=ready_ns, nbytes=nbytes)

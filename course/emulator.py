@@ -20,7 +20,7 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course import (autocast, autostart, checkpoints, collectives, costs, cuda_api, devices, hardware, interception,
-                    module_calls, nccl, plots, profiling)
+                    module_calls, nccl, plots, profiling, topology)
 from course.clock import Clock
 from course.interception import EmulatorMode
 from course.memory import DeviceMemory
@@ -57,6 +57,8 @@ class Emulator:
         self.clock = Clock(costs.HOST_LAUNCH_NS, costs.HOST_MODULE_OP_NS)
         self.memory = DeviceMemory(gpus, self.gpu.memory_bytes)
         self.kernel_ns_cache: dict = {}  # costs.kernel_ns by its arguments: the same kernels recur every step
+        self.links = topology.LinkLedger()  # what crosses each link of a machine preset, for shared bandwidth
+        self._collective_links: dict[tuple[int, ...], hardware.Link] = {}
         self._per_thread = threading.local()
         self._stream_counts = [1] * gpus
         self._saved: list[tuple[object, str, object]] = []
@@ -80,6 +82,15 @@ class Emulator:
 
     def set_current_stream(self, device: int, stream_id: int) -> None:
         self._thread_state().streams[device] = stream_id
+
+    def collective_link(self, devices=None) -> hardware.Link:
+        """The link NCCL's rings over `devices` (default: every GPU) run on, from the machine preset's topology
+        (course/topology.py); without a machine preset, `link` itself."""
+        key = tuple(sorted(range(self.num_gpus) if devices is None else set(devices)))
+        if key not in self._collective_links:
+            self._collective_links[key] = topology.collective_link(self.machine, self.link, self.host_link,
+                                                                   list(key))
+        return self._collective_links[key]
 
     def new_stream_id(self, device: int) -> int:
         with self.clock.lock:

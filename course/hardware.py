@@ -70,6 +70,14 @@ _H100_MEMORY_EFFICIENCY = 3.0 / 3.35
 # every tile smaller than 256x128 at 0.8 of its speed, and no k overhead.
 GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), (128, 128, 0.8),
               (128, 64, 0.8), (64, 128, 0.8), (64, 64, 0.8))
+# Known miss: the held-out fp16 802816x192x768 GEMM on an A100 is predicted 35% fast. It does 154 FLOP per byte
+# of its minimal traffic (A read once, C written once), just under the A100's ridge point (268 TFLOP/s over
+# 1.61 TB/s = 166 FLOP/B), so compute (1.10 ms at the 256x64 tile's speed) and memory (0.96 ms) both bind and the
+# roofline's max() is most optimistic there; the measured 1.50 ms lies between their max and their sum. A soft
+# roofline, time = (compute^p + memory^p)^(1/p), would give +2.4% at p = 2, but fitted on the calibration half
+# (GEMM, convolution and decode rows, conv efficiency refitted with it) it is worst at p = 2 (squared log error
+# 0.105) and best with no blending (0.100: the RTX 4090 512^3 row goes from -15% to -19% at p = 2), so it is not
+# used. Re-reading A once per column tile (256x64 tiles: three times) would make it slower still (2.5 ms).
 GEMM_TILE_K_OVERHEAD = 0
 # Skinny GEMMs (fewer than 64 rows or columns: decode steps, small micro-batches) do not use those tiles:
 # cuBLAS has narrow-tile and split-K kernels for them (split-K cuts k into slices so that a handful of output
@@ -258,7 +266,7 @@ _LINK_LIST = [
          _NVLINK4_NVLS_BUSBW_GBPS),
 ]
 
-# ---- machines people rent: which GPU pairs share how many NVLinks (course/costs.py `peer_copy_ns`) ----
+# ---- machines people rent: NVLinks between GPU pairs, GPUs sharing a PCIe switch (course/topology.py) ----
 # One NVLink 2 brick carries 25 GB/s per direction; a V100-SXM2 has six (the nvlink2 Link above is all six).
 NVLINK2_BRICK_GBPS = 25.0
 # A copy between two GPUs of a machine preset over NVLink (k bricks, or a switch's whole link) runs on the copy
@@ -277,7 +285,8 @@ class Machine:
     A switch (NVSwitch, or a PCIe switch with peer-to-peer) gives every pair the whole `link`
     (`every_pair_direct`); a cube mesh joins some pairs by NVLink bricks (`nvlink_bricks`). Pairs with neither copy
     through host memory, down one PCIe link and up another (CUDA stages a peer copy through the host when the GPUs
-    cannot access each other's memory directly).
+    cannot access each other's memory directly). GPUs listed together in `pcie_switches` share one PCIe uplink to
+    the host; copies that cross the same link direction at once share its bandwidth (course/topology.py).
     """
 
     key: str
@@ -287,6 +296,8 @@ class Machine:
     host_link: str
     nvlink_bricks: tuple[tuple[int, int, int], ...] = ()
     every_pair_direct: bool = False
+    # GPUs behind one PCIe switch, whose single uplink to the CPU they share (course/topology.py).
+    pcie_switches: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         """Refuse presets the cost model would price wrongly, before any copy is timed with them."""
@@ -308,20 +319,24 @@ _MACHINE_LIST = [
     # DGX-1 with V100 (hybrid cube mesh): NCCL's topology dump of a DGX-1V in https://github.com/NVIDIA/nccl/
     # issues/671 lists each GPU's NVLink targets and counts (GPU0: GPU1 x1, GPU2 x1, GPU3 x2, GPU4 x2; six bricks
     # per GPU), and "Evaluating Modern GPU Interconnect" (arXiv 1903.04611, DGX-1 figure) draws the same cube
-    # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU (DGX-1 datasheet,
-    # https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf).
+    # mesh for GPUs 4-7; the other pairs (e.g. GPU0-GPU5) have none. Host: PCIe 3 x16 per GPU, two GPUs behind
+    # each of four PCIe switches, each switch with one x16 uplink to a CPU (DGX-1 V100 system architecture
+    # whitepaper, https://images.nvidia.com/content/pdf/dgx1-v100-system-architecture-whitepaper.pdf, DGX-1 topology
+    # figure, which draws two GPUs per switch without numbering them: taken as GPUs 0-1, 2-3, 4-5, 6-7, assumption).
     Machine("DGX-1V", "V100", 8, "nvlink2", "pcie3", (
         (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2), (2, 6, 1),
-        (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2))),
+        (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2)),
+        pcie_switches=((0, 1), (2, 3), (4, 5), (6, 7))),
     # DGX A100 640GB: eight A100-SXM4-80GB joined by six NVSwitches, 600 GB/s bidirectional between any two GPUs,
     # i.e. every pair gets all twelve NVLink 3 links, the nvlink3 Link above (DGX A100 User Guide, "Hardware
     # Overview", https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html). Host: PCIe 4; each
     # of four PCIe 4 switches serves two GPUs (and two NICs) and has one x16 uplink to the CPU (NVIDIA's "DGX A100
     # System Architecture" technical whitepaper, system topology figure; NVIDIA's GPUDirect Storage guide shows the
     # DGX A100's GPUs and NICs under shared switches, https://docs.nvidia.com/ai-enterprise/deployment/bare-metal/
-    # latest/gds-appendix-pci-validation.html). Not modelled: two GPUs of a switch copying to or from the host at
-    # once share that uplink; here each gets the whole pcie4 link (the emulator has no contention).
-    Machine("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4", every_pair_direct=True),
+    # latest/gds-appendix-pci-validation.html); which two share one is taken as GPUs 0-1, 2-3, 4-5, 6-7 (assumption).
+    # Two GPUs of a switch copying to or from the host at once share that uplink.
+    Machine("DGX-A100", "A100-80GB", 8, "nvlink3", "pcie4", every_pair_direct=True,
+            pcie_switches=((0, 1), (2, 3), (4, 5), (6, 7))),
     # DGX H100: eight H100 SXM5 80GB joined by four third-generation NVSwitches, 900 GB/s bidirectional between
     # any two GPUs (all eighteen NVLink 4 links, the nvlink4 Link above); GPUs on PCIe 5 (DGX H100 User Guide,
     # "Hardware Overview", https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html). Each GPU's
@@ -332,14 +347,15 @@ _MACHINE_LIST = [
     # GPU through the PCIe switch (data-center GPUs support GPUDirect peer-to-peer over PCIe,
     # https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#peer-to-peer-memory-access). Assumption: the
     # host allows peer access; where a hypervisor or the platform's ACS settings forbid it, copies go through host
-    # memory as on the RTX 4090 box below. Not modelled: GPUs behind one switch sharing its uplink.
+    # memory as on the RTX 4090 box below. How the VM's GPUs sit behind PCIe switches is not published, so no
+    # uplink is shared (pcie_switches empty): each GPU's own link is still one resource per direction.
     Machine("8xL4", "L4", 8, "pcie4", "pcie4", every_pair_direct=True),
     # 4x RTX 4090 on PCIe 4: GeForce cards have no GPUDirect peer-to-peer, so a peer copy goes back to the CPU and
     # out again (NCCL's maintainer, https://github.com/NVIDIA/nccl/issues/1309; tiny corp's patched driver README,
     # https://github.com/tinygrad/open-gpu-kernel-modules, on why stock drivers refuse P2P on the 4090). No NVLink
-    # on Ada GeForce (Ada whitepaper above). Modelled like the DGX-1V's pairs without NVLink: through host memory.
-    # Collectives keep the pcie4 link's rate, as the 4x RTX 4090 all-reduce rows of benchmarks/fidelity.py do (those
-    # ran the P2P driver); NCCL's stock path through host shared memory is not modelled apart.
+    # on Ada GeForce (Ada whitepaper above). Modelled like the DGX-1V's pairs without NVLink: through host memory,
+    # each GPU on a root port of its own. NCCL's rings go through host shared memory too (course/topology.py
+    # `collective_link`): the host link's rate per direction, one PCI hop's latency per step.
     Machine("4xRTX4090", "RTX4090", 4, "pcie4", "pcie4"),
 ]
 

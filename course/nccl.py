@@ -253,7 +253,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         return _Done(self, end, outputs if isinstance(outputs, list) else [outputs])
 
     def _link_cost(self, model):
-        link, n = self._emu.link, self.size()
+        link, n = self._emu.collective_link(range(self.size())), self.size()
         return lambda nbytes: model(link, nbytes, n)
 
     # -- collectives -----------------------------------------------------------------------------

@@ -5,11 +5,12 @@ one is charged to the clock: a pageable host-to-GPU copy or a GPU-to-host copy b
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
 
-from course import costs, devices
+from course import costs, devices, topology
 from course.devices import CPU, EmulatedTensor, current_emulator, device_name, wrap
 
 _pinned_storages: set[int] = set()
@@ -73,22 +74,58 @@ def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
     return ready_ns if pinned_by is not None and pinned_by() is clock else 0
 
 
+def _shared_links(emu, route: list[tuple], nbytes: int, alone_ns: int, rate: float):
+    """The duration of a copy over `route` as a function of its start: `alone_ns` (its time with the links to
+    itself, at `rate` bytes/ns) plus however long it waits for bandwidth that copies already on those links
+    take (course/topology.py's LinkLedger)."""
+    capacity = topology.route_capacity(emu.machine, emu.link, emu.host_link, route)
+    transfer_ns = nbytes / rate
+    latency_ns = alone_ns - transfer_ns
+
+    def duration(start_ns: int) -> int:
+        end = emu.links.schedule(route, capacity, start_ns + latency_ns, nbytes, rate, emu.clock.host_ns)
+        waited = end - (start_ns + latency_ns) - transfer_ns
+        return alone_ns + (math.ceil(waited) if waited > 1e-3 else 0)
+
+    return duration
+
+
+def _peer_duration(emu, src: int, dst: int, nbytes: int):
+    if emu.machine is None:
+        return costs.copy_ns(emu.link, nbytes, pinned=True)
+    alone = costs.peer_copy_ns(emu.machine, emu.link, emu.host_link, src, dst, nbytes)
+    route = topology.peer_route(emu.machine, src, dst)
+    return _shared_links(emu, route, nbytes, alone, topology.route_capacity(emu.machine, emu.link, emu.host_link,
+                                                                             route))
+
+
+def _host_duration(emu, gpu: int, to_gpu: bool, nbytes: int, pinned: bool):
+    alone = costs.copy_ns(emu.host_link, nbytes, pinned=pinned)
+    if emu.machine is None:
+        return alone
+    efficiency = emu.host_link.efficiency if pinned else emu.host_link.pageable_efficiency
+    return _shared_links(emu, topology.host_route(emu.machine, gpu, to_gpu), nbytes, alone,
+                         emu.host_link.bandwidth_gbps * efficiency)
+
+
 def charge_copy(emu, src: int, dst: int, nbytes: int, ready_ns: int, pinned=False, non_blocking=False) -> int:
-    """Queue a copy of nbytes from src to dst on the clock and return when it lands."""
+    """Queue a copy of nbytes from src to dst on the clock and return when it lands.
+
+    On a machine preset the copy shares its links with the copies already crossing them (course/topology.py).
+    """
     name = f"copy {device_name(src)}->{device_name(dst)}"
     if src != CPU and dst != CPU:
         if src == dst:
             duration = costs.device_copy_ns(emu.gpu, nbytes)
             also_on = ()
         else:
-            duration = (costs.copy_ns(emu.link, nbytes, pinned=True) if emu.machine is None else
-                        costs.peer_copy_ns(emu.machine, emu.link, emu.host_link, src, dst, nbytes))
+            duration = _peer_duration(emu, src, dst, nbytes)
             # CUDA runs a peer copy on the source's current stream, synchronised with the destination's.
             also_on = ((dst, emu.current_stream_id(dst)),)
         return emu.clock.launch("copy", name, src, emu.current_stream_id(src), duration, ready_ns,
                                 also_on, nbytes=nbytes, peer=device_name(dst) if src != dst else None)
     gpu = dst if dst != CPU else src
-    duration = costs.copy_ns(emu.host_link, nbytes, pinned=pinned)
+    duration = _host_duration(emu, gpu, dst != CPU, nbytes, pinned)
     end = emu.clock.launch("copy", name, gpu, emu.current_stream_id(gpu), duration, ready_ns,
                            nbytes=nbytes, peer="cpu")
     host_may_go_on = non_blocking and (pinned or dst == CPU)
