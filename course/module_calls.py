@@ -7,12 +7,17 @@ few ops per call, so eager small-batch work is host-bound on fast GPUs, as on re
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from course import costs, devices
 
 _MODULE_CALL = torch.nn.Module.__call__  # PyTorch's own, kept before the emulator puts `module_call` in its place
 _MODULE_APPLY = torch.nn.Module._apply
+_swapping = threading.Lock()
+_applying = 0  # `module_apply` calls under way, in every thread (rank threads convert their models at once)
+_flag_before = False
 
 
 def module_call(self, *args, **kwargs):
@@ -32,10 +37,19 @@ def module_call(self, *args, **kwargs):
 def module_apply(self, fn, recurse=True):
     """`nn.Module._apply` (what `.to()`, `.cuda()` and `.half()` run) with parameters swapped for their converted
     copies: assigning `param.data` would drop the fake device. Only there: `load_state_dict` must copy into the
-    parameters in place, as on a GPU, or the references that DDP's reducer and autograd hold would break."""
-    before = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
+    parameters in place, as on a GPU, or the references that DDP's reducer and autograd hold would break. The flag
+    is global, so calls under way are counted: rank threads convert at once, and each restoring what it saw would
+    leave the flag on after the last one."""
+    global _applying, _flag_before
+    with _swapping:
+        if _applying == 0:
+            _flag_before = torch.__future__.get_swap_module_params_on_conversion()
+            torch.__future__.set_swap_module_params_on_conversion(True)
+        _applying += 1
     try:
         return _MODULE_APPLY(self, fn, recurse)
     finally:
-        torch.__future__.set_swap_module_params_on_conversion(before)
+        with _swapping:
+            _applying -= 1
+            if _applying == 0:
+                torch.__future__.set_swap_module_params_on_conversion(_flag_before)

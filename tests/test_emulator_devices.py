@@ -1,6 +1,7 @@
 """Ordinary CUDA PyTorch code runs unchanged under course.emulate and agrees with plain CPU PyTorch."""
 import copy
 import io
+import threading
 
 import pytest
 import torch
@@ -252,3 +253,18 @@ def test_seed_000_sharded_matmul_runs_unchanged():
         assert B.grad.device.index == 0 and A[3].grad.device.index == 3
         torch.testing.assert_close(B.grad.cpu(), B_cpu.grad)
         torch.testing.assert_close(torch.cat([a.grad.cpu() for a in A]), A_cpu.grad)
+
+
+def test_models_converted_in_threads_at_once_leave_module_swapping_off():
+    """Rank threads convert their models at the same time; the swap flag `.to()` turns on must be off after all."""
+    def convert():
+        for _ in range(200):
+            torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(4)]).double()
+
+    with course.emulate(gpus=2):
+        threads = [threading.Thread(target=convert) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not torch.__future__.get_swap_module_params_on_conversion()
