@@ -129,32 +129,37 @@ def machine_peer_copy_gbps(machine: str, src: int, dst: int, nbytes: int) -> flo
 
 
 def bidirectional_peer_gbps(a: int, b: int, nbytes: int, **machine) -> float:
-    """GB/s of p2pBandwidthLatencyTest's bidirectional figure: a copy a->b and a copy b->a at once, each on its own
-    streams, bytes of both over the time until both have landed. `machine` is what `course.emulate` takes."""
+    """GB/s of p2pBandwidthLatencyTest's bidirectional figure: five copies a->b on one stream and five copies b->a on
+    another, queued together (its `repeat = 5`), bytes of both over the time until all have landed. `machine` is
+    what `course.emulate` takes."""
+    repeat = 5
     with course.emulate(**machine, materialize=False, force=True):
         x = torch.empty(nbytes, device=f"cuda:{a}", dtype=torch.uint8)
         y = torch.empty(nbytes, device=f"cuda:{b}", dtype=torch.uint8)
         streams = [(torch.cuda.Stream(a), torch.cuda.Stream(b)) for _ in range(2)]
 
         def both():
-            with torch.cuda.stream(streams[0][0]), torch.cuda.stream(streams[0][1]):
-                x.to(f"cuda:{b}", non_blocking=True)
-            with torch.cuda.stream(streams[1][1]), torch.cuda.stream(streams[1][0]):
-                y.to(f"cuda:{a}", non_blocking=True)
+            for _ in range(repeat):
+                with torch.cuda.stream(streams[0][0]), torch.cuda.stream(streams[0][1]):
+                    x.to(f"cuda:{b}", non_blocking=True)
+            for _ in range(repeat):
+                with torch.cuda.stream(streams[1][1]), torch.cuda.stream(streams[1][0]):
+                    y.to(f"cuda:{a}", non_blocking=True)
             for pair in streams:
                 for stream in pair:
                     torch.cuda.current_stream(stream.device).wait_stream(stream)
 
         ms = _timed_ms(both)
-    return 2 * nbytes / (ms / 1e3) / GB
+    return 2 * repeat * nbytes / (ms / 1e3) / GB
 
 
-def host_to_device_while_device_to_host_gbps(host_link: str, nbytes: int) -> float:
+def host_to_device_while_device_to_host_gbps(host_link: str, nbytes: int, gpu: str = "RTX4090") -> float:
     """GB/s of the host-to-device copy in nvbandwidth's host_to_device_bidirectional_memcpy_ce: a pinned H2D copy
-    measured while a D2H copy of the same size runs at the same time on another stream of the same GPU."""
-    with course.emulate(gpus=1, gpu="RTX4090", host_link=host_link, materialize=False, force=True):
+    measured while a D2H copy runs on another stream of the same GPU. nvbandwidth makes the D2H copy twice as long,
+    so that it covers the whole measured copy (https://github.com/NVIDIA/nvbandwidth/issues/11)."""
+    with course.emulate(gpus=1, gpu=gpu, host_link=host_link, materialize=False, force=True):
         host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-        dev = torch.empty(nbytes, device="cuda:0", dtype=torch.uint8)
+        dev = torch.empty(2 * nbytes, device="cuda:0", dtype=torch.uint8)
         up, down = torch.cuda.Stream(0), torch.cuda.Stream(0)
         torch.cuda.synchronize()
         with torch.cuda.stream(down):
@@ -324,6 +329,7 @@ class Row:
     predict: Callable[[], float]
     fitted_before: bool = False  # a preset was already fitted to this row before the split existed
     added_later: bool = False  # added after the split, before the model changes it was meant to check
+    fitted_later: bool = False  # added after the split as the row a new constant is fitted to: calibration
     half: str = ""
     predicted: float = float("nan")
 
@@ -353,6 +359,10 @@ TINYGRAD_6 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/6 (3x 
               "p2pBandwidthLatencyTest bidirectional matrices, GPU0<->GPU1)")
 NVBANDWIDTH_15 = ("https://github.com/NVIDIA/nvbandwidth/issues/15 (8x RTX 4090, nvbandwidth v0.2 defaults, "
                   "CPU -> GPU 0 column)")
+NVBANDWIDTH_11 = ("https://github.com/NVIDIA/nvbandwidth/issues/11 (A100 on PCIe 4: host_to_device_memcpy_ce "
+                  "25-26 GB/s alone, host_to_device_bidirectional_memcpy_ce 12-13 GB/s; default 512 MiB buffers)")
+NVBANDWIDTH_53 = ("https://github.com/NVIDIA/nvbandwidth/issues/53 (A100-SXM4-80GB, device 20b2, on PCIe 4: "
+                  "host_to_device_bidirectional_memcpy_ce ~11 GB/s while the D2H copy keeps ~25 GB/s)")
 NVBANDWIDTH_50 = ("https://github.com/NVIDIA/nvbandwidth/issues/50 (6x RTX A6000 on PCIe 4, no NVLink, "
                   "device_to_device_memcpy_read_ce, GPU0 -> GPU1, same PCIe group)")
 TINYGRAD_36 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/36 (4x RTX 4090 with the P2P driver, "
@@ -447,6 +457,12 @@ def _rows() -> list[Row]:
         Row(host, "H2D pinned while a D2H runs on the same GPU (nvbandwidth host_to_device_bidirectional_memcpy_ce)",
             "PCIe 4 x16 (8x RTX 4090)", 11.24, "GB/s", NVBANDWIDTH_15,
             lambda: host_to_device_while_device_to_host_gbps("pcie4", 2**26), added_later=True),
+        Row(host, "H2D pinned while a D2H runs on the same GPU (nvbandwidth host_to_device_bidirectional_memcpy_ce)",
+            "PCIe 4 x16 (A100 PCIe)", 12.5, "GB/s", NVBANDWIDTH_11,
+            lambda: host_to_device_while_device_to_host_gbps("pcie4", 2**29, gpu="A100-80GB"), fitted_later=True),
+        Row(host, "H2D pinned while a D2H runs on the same GPU (nvbandwidth host_to_device_bidirectional_memcpy_ce)",
+            "PCIe 4 x16 (A100-SXM4-80GB)", 11.0, "GB/s", NVBANDWIDTH_53,
+            lambda: host_to_device_while_device_to_host_gbps("pcie4", 2**29, gpu="A100-80GB"), added_later=True),
         # ---- GPU to GPU copies (GB/s) ----
         Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2)", "HGX H100 SXM, NVLink 4",
             376.65, "GB/s", "https://github.com/NVIDIA/nccl/issues/1264 (first post, P2P=Enabled Writes matrix)",
@@ -558,7 +574,8 @@ def _rows() -> list[Row]:
 def assign_halves(result: list[Row]) -> list[Row]:
     """Split the rows into a calibration half and a held-out half, by a rule fixed before any error was seen.
 
-    Rows a preset was already fitted to (`fitted_before`) are calibration; rows added after the split
+    Rows a preset was already fitted to (`fitted_before`), and rows added later for a new constant to be fitted to
+    (`fitted_later`, from sources other than the held-out rows that check it), are calibration; rows added after the split
     (`added_later`: sourced and predicted before the model changes they check) are held-out. Every other row, in
     the order listed within its category (shapes and sizes ascending within one machine), alternates held-out,
     calibration, held-out, ... per category. Presets in course/hardware.py may be fitted to calibration rows
@@ -566,8 +583,8 @@ def assign_halves(result: list[Row]) -> list[Row]:
     """
     counters: dict[str, int] = {}
     for row in result:
-        if row.fitted_before or row.added_later:
-            row.half = CALIBRATION if row.fitted_before else HELD_OUT
+        if row.fitted_before or row.fitted_later or row.added_later:
+            row.half = HELD_OUT if row.added_later else CALIBRATION
             continue
         k = counters.get(row.category, 0)
         counters[row.category] = k + 1

@@ -277,6 +277,14 @@ NVLINK2_BRICK_GBPS = 25.0
 # Solutions for AI Deep Learning with NVIDIA reference guide v1.0, section 3.1, Table 3).
 NVLINK_P2P_COPY_EFFICIENCY = 47.88 / 50.0
 
+# A copy engine copying host memory to its GPU reads it: its read requests go up the GPU's PCIe link, where they
+# queue behind the posted writes of a device-to-host copy filling that direction, so a host-to-device copy gets
+# about half its rate while the same GPU also copies to the host (the device-to-host copy keeps its own). Fitted on
+# the calibration row "H2D pinned while a D2H runs" of benchmarks/fidelity.py: nvbandwidth's
+# host_to_device_bidirectional_memcpy_ce on an A100 on PCIe 4, 12-13 GB/s against 25-26 GB/s alone
+# (https://github.com/NVIDIA/nvbandwidth/issues/11).
+PCIE_READ_UNDER_WRITE = 12.5 / 25.8
+
 
 @dataclass(frozen=True)
 class Machine:

@@ -3,7 +3,8 @@
 A copy between two GPUs, or between a GPU and the host, runs over a route of link directions: the GPU's own
 PCIe link up or down, the uplink of the PCIe switch it sits behind (shared by the GPUs under that switch), the
 NVLink bricks between a pair, or a GPU's NVLink port into an NVSwitch. PCIe and NVLink are full duplex, so the
-two directions of a link are separate resources. Copies that share a resource at the same time share its
+two directions of a link are separate resources, with one exception: a copy engine reading host memory slows down
+while its GPU writes to the host (PCIE_READ_UNDER_WRITE). Copies that share a resource at the same time share its
 bandwidth: `LinkLedger` gives each copy what earlier copies left over, first come first served, so bytes through
 a shared uplink are conserved and the last copy ends when the link would have carried them all.
 
@@ -18,19 +19,20 @@ import dataclasses
 import math
 import threading
 
-from course.hardware import (NCCL_HOP_LATENCY_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, Link,
-                             Machine)
+from course.hardware import (NCCL_HOP_LATENCY_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY,
+                             PCIE_READ_UNDER_WRITE, Link, Machine)
 
 
-def switch_of(machine: Machine, gpu: int) -> int | None:
-    """Index of the PCIe switch the GPU sits behind (its uplink is shared), None if it has a root port alone."""
-    for index, group in enumerate(machine.pcie_switches):
+def switch_of(machine: Machine | None, gpu: int) -> int | None:
+    """Index of the PCIe switch the GPU sits behind (its uplink is shared), None if it has a root port alone (or no
+    machine preset says)."""
+    for index, group in enumerate(machine.pcie_switches if machine is not None else ()):
         if gpu in group:
             return index
     return None
 
 
-def _pcie(machine: Machine, gpu: int, direction: str) -> list[tuple]:
+def _pcie(machine: Machine | None, gpu: int, direction: str) -> list[tuple]:
     """The GPU's own PCIe link in one direction ("up" to the host, "down" from it), then its switch's uplink."""
     route = [("pcie", gpu, direction)]
     switch = switch_of(machine, gpu)
@@ -39,7 +41,7 @@ def _pcie(machine: Machine, gpu: int, direction: str) -> list[tuple]:
     return route
 
 
-def host_route(machine: Machine, gpu: int, to_gpu: bool) -> list[tuple]:
+def host_route(machine: Machine | None, gpu: int, to_gpu: bool) -> list[tuple]:
     """Link directions a copy between the host and `gpu` crosses."""
     return _pcie(machine, gpu, "down" if to_gpu else "up")
 
@@ -56,11 +58,19 @@ def peer_route(machine: Machine, src: int, dst: int) -> list[tuple]:
     return _pcie(machine, src, "up") + _pcie(machine, dst, "down")  # through the host (or across switches)
 
 
+def reads_host_memory(machine: Machine, src: int, dst: int) -> bool:
+    """Whether a copy from GPU src to GPU dst is staged through host memory, so dst's copy engine reads it there."""
+    return not machine.every_pair_direct and not machine.bricks_between(src, dst)
+
+
 class LinkLedger:
     """When each link direction is busy, and at what rate, so that a new copy gets the bandwidth left over.
 
     One ledger per host thread: copies issued by different threads (rank threads) do not see each other's share,
-    because their order is the operating system's and the clock must not depend on it.
+    because their order is the operating system's and the clock must not depend on it. A copy already booked is
+    never slowed by a later one: two GPUs copying to each other through host memory, each reading while the other
+    writes, are priced as one slowed copy and one not (p2pBandwidthLatencyTest's staged bidirectional row in
+    benchmarks/fidelity.py comes out 32% fast).
     """
 
     def __init__(self):
@@ -72,23 +82,27 @@ class LinkLedger:
         return self._local.busy
 
     def schedule(self, route: list[tuple], capacity: float, start_ns: int, nbytes: int, rate: float,
-                 forget_before_ns: int) -> float:
+                 forget_before_ns: int, reads_host: bool = False) -> float:
         """End time (ns, float) of nbytes starting at start_ns at up to `rate` bytes/ns over `route`, each of whose
         link directions carries `capacity` bytes/ns in all; the copy's segments are booked on every one.
 
-        Reservations that ended before `forget_before_ns` (the host's time: no later copy of this thread starts
-        earlier) are dropped first.
+        A copy that `reads_host` (a copy engine pulling host memory down a GPU's PCIe link) runs at
+        PCIE_READ_UNDER_WRITE of its rate while that GPU's link up to the host is booked. Reservations that ended
+        before `forget_before_ns` (the host's time: no later copy of this thread starts earlier) are dropped first.
         """
         busy = self._busy()
         segments = [busy.setdefault(key, []) for key in route]
-        for booked in segments:
+        writes_up = [busy.setdefault(("pcie", key[1], "up"), []) for key in route
+                     if reads_host and key[0] == "pcie" and key[2] == "down"]
+        for booked in segments + writes_up:
             booked[:] = [s for s in booked if s[1] > forget_before_ns]
         t, remaining, mine = float(start_ns), float(nbytes), []
         while remaining > 0:
-            edges = sorted({e for booked in segments for s in booked for e in s[:2] if e > t})
+            edges = sorted({e for booked in segments + writes_up for s in booked for e in s[:2] if e > t})
             horizon = edges[0] if edges else math.inf
             used = max((sum(r for a, b, r in booked if a <= t < b) for booked in segments), default=0.0)
-            available = min(rate, capacity - used)
+            slowed = any(a <= t < b for booked in writes_up for a, b, _ in booked)
+            available = min(rate * PCIE_READ_UNDER_WRITE if slowed else rate, capacity - used)
             if available <= rate * 1e-9:  # the links are full until the next booking ends
                 t = horizon
                 continue

@@ -74,16 +74,17 @@ def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
     return ready_ns if pinned_by is not None and pinned_by() is clock else 0
 
 
-def _shared_links(emu, route: list[tuple], nbytes: int, alone_ns: int, rate: float):
+def _shared_links(emu, route: list[tuple], nbytes: int, alone_ns: int, rate: float, reads_host: bool = False):
     """The duration of a copy over `route` as a function of its start: `alone_ns` (its time with the links to
     itself, at `rate` bytes/ns) plus however long it waits for bandwidth that copies already on those links
-    take (course/topology.py's LinkLedger)."""
+    take, or loses reading host memory while its GPU writes there (course/topology.py's LinkLedger)."""
     capacity = topology.route_capacity(emu.machine, emu.link, emu.host_link, route)
     transfer_ns = nbytes / rate
     latency_ns = alone_ns - transfer_ns
 
     def duration(start_ns: int) -> int:
-        end = emu.links.schedule(route, capacity, start_ns + latency_ns, nbytes, rate, emu.clock.host_ns)
+        end = emu.links.schedule(route, capacity, start_ns + latency_ns, nbytes, rate, emu.clock.host_ns,
+                                 reads_host)
         waited = end - (start_ns + latency_ns) - transfer_ns
         return alone_ns + (math.ceil(waited) if waited > 1e-3 else 0)
 
@@ -96,16 +97,17 @@ def _peer_duration(emu, src: int, dst: int, nbytes: int):
     alone = costs.peer_copy_ns(emu.machine, emu.link, emu.host_link, src, dst, nbytes)
     route = topology.peer_route(emu.machine, src, dst)
     return _shared_links(emu, route, nbytes, alone, topology.route_capacity(emu.machine, emu.link, emu.host_link,
-                                                                             route))
+                                                                             route),
+                         topology.reads_host_memory(emu.machine, src, dst))
 
 
 def _host_duration(emu, gpu: int, to_gpu: bool, nbytes: int, pinned: bool):
+    """A copy over the GPU's own PCIe link, shared with the other copies on it (and a switch's uplink on a
+    machine preset); host-to-device copies read host memory."""
     alone = costs.copy_ns(emu.host_link, nbytes, pinned=pinned)
-    if emu.machine is None:
-        return alone
     efficiency = emu.host_link.efficiency if pinned else emu.host_link.pageable_efficiency
     return _shared_links(emu, topology.host_route(emu.machine, gpu, to_gpu), nbytes, alone,
-                         emu.host_link.bandwidth_gbps * efficiency)
+                         emu.host_link.bandwidth_gbps * efficiency, reads_host=to_gpu)
 
 
 def charge_copy(emu, src: int, dst: int, nbytes: int, ready_ns: int, pinned=False, non_blocking=False) -> int:

@@ -18,7 +18,7 @@ def test_rows_are_sourced_many_and_split_by_the_fixed_rule():
     assert all(row.source.strip() and row.what.strip() and row.hardware.strip() for row in rows)
     halves = {row.half for row in rows}
     assert halves == {fidelity.CALIBRATION, fidelity.HELD_OUT}
-    assert all(row.half == fidelity.CALIBRATION for row in rows if row.fitted_before)
+    assert all(row.half == fidelity.CALIBRATION for row in rows if row.fitted_before or row.fitted_later)
     assert all(row.half == fidelity.HELD_OUT for row in rows if row.added_later)  # checks on later model changes
     held_out = [row for row in rows if row.half == fidelity.HELD_OUT]
     assert len(held_out) >= len(rows) // 3
@@ -31,15 +31,14 @@ def test_emulator_matches_published_measurements_it_was_not_fitted_to():
     held_out = [r for r in rows if r.half == fidelity.HELD_OUT]
     worst = max(held_out, key=lambda r: abs(r.error_pct))
     beyond_target = sorted(f"{r.what} on {r.hardware}: {r.error_pct:+.1f}%" for r in held_out if abs(r.error_pct) > 35)
-    # Median: issue 15's target for an unseen table (<= 10%); measured 5.3% over 43 held-out rows.
+    # Median: issue 15's target for an unseen table (<= 10%); measured 5.4% over 44 held-out rows.
     assert s["held_out_median"] <= 10, s
-    # Worst: issue 15's target is 35%; three held-out rows miss it. Two are traffic between one RTX 4090 and host
-    # memory in both directions at once (nvbandwidth's H2D while a D2H runs: +128.9%; p2pBandwidthLatencyTest's
-    # bidirectional copy staged through host memory: +99.9%): the link model is full duplex, as PCIe is, and those
-    # boxes reach about one direction's rate in all; no published cause was found, so nothing was fitted to them.
-    # The third is the skinny 802816x192x768 GEMM (+35.5%, see course/hardware.py's GEMM notes). A fourth fails.
-    assert len(beyond_target) <= 3, beyond_target
-    assert s["held_out_worst"] <= 130, f"{worst.what} on {worst.hardware}: {worst.error_pct:+.1f}%"
+    # Worst: issue 15's target is 35%; one held-out row misses it, the skinny 802816x192x768 GEMM (+35.5%, see
+    # course/hardware.py's GEMM notes). Copies to a GPU while it copies to the host (nvbandwidth's bidirectional
+    # H2D, +13% and +16%; p2pBandwidthLatencyTest's bidirectional copy staged through host memory, +32%) are held
+    # out against PCIE_READ_UNDER_WRITE, fitted on another source. A second row beyond 35% fails.
+    assert len(beyond_target) <= 1, beyond_target
+    assert s["held_out_worst"] <= 36, f"{worst.what} on {worst.hardware}: {worst.error_pct:+.1f}%"
     # The points presets were fitted to before the split stay as good as they were.
     for row in rows:
         if row.fitted_before:

@@ -105,3 +105,28 @@ def test_two_copies_out_of_one_gpu_share_its_nvswitch_port():
                 src.to(f"cuda:{dst}", non_blocking=True)
         first, second = [e.end_ns - e.start_ns for e in emu.trace if e.kind == "copy"]
     assert second == pytest.approx(2 * first, rel=0.01)  # less the head start the first copy had
+
+
+@pytest.mark.parametrize("machine", [dict(gpus=1), dict(machine="DGX-A100")])
+def test_a_copy_to_a_gpu_reads_host_memory_at_half_speed_while_that_gpu_writes_there(machine):
+    """A host-to-device copy is the copy engine reading host memory; its read requests queue behind the writes of a
+    device-to-host copy filling the same link's upstream (hardware.PCIE_READ_UNDER_WRITE). The write keeps its speed,
+    and a copy to another GPU, or to the same GPU once the write has ended, runs at full speed."""
+    nbytes = 2**26
+    with course.emulate(**machine, materialize=False, force=True) as emu:
+        alone_ns = costs.copy_ns(emu.host_link, nbytes, pinned=True)
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(4 * nbytes, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.Stream(0)):
+            dev.to("cpu", non_blocking=True)
+        with torch.cuda.stream(torch.cuda.Stream(0)):
+            host.to("cuda:0", non_blocking=True)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.Stream(0)):
+            host.to("cuda:0", non_blocking=True)
+        write, read, later = [e.end_ns - e.start_ns for e in emu.trace if e.kind == "copy"]
+    assert write == costs.copy_ns(emu.host_link, 4 * nbytes, pinned=True)
+    transfer_ns = nbytes / (emu.host_link.bandwidth_gbps * emu.host_link.efficiency)
+    assert read - alone_ns == pytest.approx(transfer_ns * (1 / hardware.PCIE_READ_UNDER_WRITE - 1), rel=1e-3)
+    assert later == alone_ns
