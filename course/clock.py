@@ -103,8 +103,8 @@ class Clock:
             ready = self.stream_ready_ns
             lane = (device, stream)
             start = max(host, inputs_ready_ns, ready.get(lane, 0))
-            for other in also_on:
-                start = max(start, ready.get(other, 0))
+            if also_on:
+                start = max(start, *(ready.get(other, 0) for other in also_on))
             end = start + duration_ns
             ready[lane] = end
             for other in also_on:
