@@ -467,7 +467,7 @@ def run_kernel(emu, func, args, kwargs):
         bytes_read = 0
         for t in tensors:
             if isinstance(t, EmulatedTensor) or id(t) in scratch_ids:
-                bytes_read += t.nbytes
+                bytes_read += t.numel() * t.element_size()
         if info.embedding:  # a lookup reads the rows it returns, not the whole table
             bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         if info.overwrites_first and (isinstance(args[0], EmulatedTensor) or id(args[0]) in scratch_ids):
@@ -544,7 +544,7 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
     nbytes, dtype = bytes_read, None
     for o in flat_out:
         if isinstance(o, torch.Tensor):
-            nbytes += o.nbytes
+            nbytes += o.numel() * o.element_size()
             if dtype is None:
                 dtype = o.dtype
     if dtype is None:
