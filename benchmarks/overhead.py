@@ -6,13 +6,15 @@
 3. `x + 1` on 16 elements: the per-op cost alone.
 For 3 it also measures the floor of the design: a tensor subclass that does nothing but unwrap, run
 the op and wrap (PyTorch's Python dispatch, which every emulated op goes through). Each side runs
-alternately (A B A B ...) and the medians of the ratios are printed, since this machine is shared and noisy.
+alternately (A B A B ...) and the medians of the ratios are printed, with the load average before and after,
+since this machine is shared and noisy.
 Both sides run on one CPU thread: the emulator's per-op cost is single-threaded Python, and plain torch's
 OpenMP threads fighting other jobs for a shared machine's cores made its times swing threefold from run to run.
 Run: PYTHONPATH=. python benchmarks/overhead.py
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -131,8 +133,13 @@ def report(name: str, values: list[float], target: str) -> None:
           f"max {max(values):.2f}x; {target})")
 
 
+def load_average() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     torch.set_num_threads(1)
+    print(f"{load_average()} (1, 5, 15 min) before")
     report("MLP 4x1024 training, emulator / plain", ratios(lambda: mlp_loop("cpu"), lambda: emulated(mlp_loop)),
            "target <= 1.25x")
     report("nanoGPT-sized training, emulator / plain",
@@ -141,6 +148,7 @@ def main() -> None:
            "target <= 5x")
     report("x + 1, do-nothing subclass / plain",
            ratios(lambda: tiny_op("cpu"), lambda: tiny_op("cpu", Passthrough)), "floor of the design")
+    print(f"{load_average()} after")
 
 
 if __name__ == "__main__":

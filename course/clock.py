@@ -105,8 +105,8 @@ class Clock:
             ready = self.stream_ready_ns
             lane = (device, stream)
             start = max(host, inputs_ready_ns, ready.get(lane, 0))
-            for other in also_on:
-                start = max(start, ready.get(other, 0))
+            if also_on:
+                start = max(start, *(ready.get(other, 0) for other in also_on))
             if callable(duration_ns):
                 duration_ns = duration_ns(start)
             end = start + duration_ns

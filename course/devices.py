@@ -7,6 +7,7 @@ counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` devi
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
 import threading
@@ -31,6 +32,13 @@ active = None
 
 def device_name(index: int) -> str:
     return "cpu" if index == CPU else f"cuda:{index}"
+
+
+@functools.cache
+def _device_object(index: int, torch_device=torch.device) -> torch.device:
+    """`tensor.device`, made once per index: programs read it on every step, and while the emulator runs each
+    `torch.device(...)` call goes through its wrapper and torch-function mode (PyTorch's own class is kept here)."""
+    return torch_device("cpu") if index == CPU else torch_device("cuda", index)
 
 
 def current_emulator(what: str):
@@ -82,8 +90,7 @@ class EmulatedTensor(torch.Tensor):
 
     @property
     def device(self) -> torch.device:
-        index = self._device_index
-        return torch.device("cpu") if index == CPU else torch.device("cuda", index)
+        return _device_object(self._device_index)
 
     @property
     def is_cuda(self) -> bool:
@@ -309,17 +316,18 @@ _HOST_INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default
 def _from_torch_internals() -> bool:
     """Whether the op being dispatched was issued by PyTorch's C++ rather than by a Python call.
 
-    A learner's `gpu_tensor + cpu_tensor` passes through `handle_torch_function` and must fail as on a
-    GPU; the same mix issued by the autograd engine or DDP's reducer (inside `backward()`, or from C++
+    A learner's `gpu_tensor + cpu_tensor` passes through `EmulatorMode` (or `handle_torch_function`) and must fail
+    as on a GPU; the same mix issued by the autograd engine or DDP's reducer (inside `backward()`, or from C++
     with no Python torch call in between) is PyTorch's own bookkeeping and must work.
     """
     if torch._C._current_autograd_node() is not None:
         return True
-    from course.interception import ENGINE_ENTRY_POINTS, handle_torch_function
+    from course.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 
+    routing, mode = handle_torch_function.__code__, EmulatorMode.__torch_function__.__code__
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code is handle_torch_function.__code__:
+        if frame.f_code is routing or frame.f_code is mode:
             return frame.f_locals.get("func") in ENGINE_ENTRY_POINTS
         frame = frame.f_back
     return True
@@ -369,8 +377,23 @@ def _unwrap(value, tensors: list):
         tensors.append(value)
         return value._inner if isinstance(value, EmulatedTensor) else value
     if type(value) in (list, tuple):
-        return type(value)([_unwrap(v, tensors) for v in value])
+        for v in value:
+            if isinstance(v, (torch.Tensor, list, tuple)):
+                break
+        else:
+            return value  # sizes, dims, scalars (most lists): nothing to unwrap
+        unwrapped = []
+        for v in value:  # a foreach kernel's tensors: EmulatedTensors, unwrapped without a call each
+            if type(v) is EmulatedTensor:
+                tensors.append(v)
+                unwrapped.append(v._inner)
+            else:
+                unwrapped.append(_unwrap(v, tensors))
+        return type(value)(unwrapped)
     return value
+
+
+_SCALARS = (int, float, bool, type(None))
 
 
 def run_kernel(emu, func, args, kwargs):
@@ -386,6 +409,8 @@ def run_kernel(emu, func, args, kwargs):
         if type(a) is EmulatedTensor:  # the usual argument, unwrapped here rather than in a call per argument
             tensors.append(a)
             un_args.append(a._inner)
+        elif type(a) in _SCALARS:
+            un_args.append(a)
         else:
             un_args.append(_unwrap(a, tensors))
     un_kwargs = {k: _unwrap(v, tensors) for k, v in kwargs.items()} if kwargs else {}
@@ -445,9 +470,8 @@ def run_kernel(emu, func, args, kwargs):
                 bytes_read += t.numel() * t.element_size()
         if info.embedding:  # a lookup reads the rows it returns, not the whole table
             bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
-        first = args[0] if args else None
-        if info.overwrites_first and (isinstance(first, EmulatedTensor) or id(first) in scratch_ids):
-            bytes_read -= _tensor_nbytes(first)
+        if info.overwrites_first and (isinstance(args[0], EmulatedTensor) or id(args[0]) in scratch_ids):
+            bytes_read -= _tensor_nbytes(args[0])
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
                                 inputs_ready_ns)
     wrapped = []
@@ -467,7 +491,7 @@ def run_kernel(emu, func, args, kwargs):
             mark_host_scratch(o, end_ns)
             wrapped.append(o)
         elif info.returns_view and emulated:
-            wrapped.append(wrap(o, device, emulated[0]._block))
+            wrapped.append(EmulatedTensor(o, device, emulated[0]._block))
         else:
             block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
@@ -525,6 +549,12 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
                 dtype = o.dtype
     if dtype is None:
         dtype = torch.float32
+    if not (info.tensor_cores or info.cudnn):  # most kernels: no FLOP term, their bytes set the time
+        duration = emu.kernel_ns_cache.get((nbytes, dtype))
+        if duration is None:
+            duration = emu.kernel_ns_cache[(nbytes, dtype)] = costs.kernel_ns(emu.gpu, 0, nbytes, dtype, False, False)
+        return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
+                                inputs_ready_ns, (), 0, nbytes)
     flops, allow_tf32, gemm = 0, False, None
     if info.tensor_cores:
         flops = _flops(func, args, kwargs, out)
@@ -541,5 +571,5 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
     if duration is None:
         duration = emu.kernel_ns_cache[key] = costs.kernel_ns(emu.gpu, flops, nbytes, dtype, info.tensor_cores,
                                                               allow_tf32, gemm, info.cudnn, channels_last)
-    return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration,
-                            inputs_ready_ns, flops=flops, nbytes=nbytes)
+    return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration, inputs_ready_ns,
+                            (), flops, nbytes)

@@ -78,7 +78,10 @@ class Emulator:
         self._thread_state().device = index
 
     def current_stream_id(self, device: int) -> int:
-        return self._thread_state().streams.get(device, 0)
+        try:  # every kernel asks: a thread has its state from its first call on
+            return self._per_thread.streams.get(device, 0)
+        except AttributeError:
+            return self._thread_state().streams.get(device, 0)
 
     def set_current_stream(self, device: int, stream_id: int) -> None:
         self._thread_state().streams[device] = stream_id

@@ -275,6 +275,10 @@ def _default_device():
     return current if current is not None and current.type == "cuda" else None
 
 
+# `with DisableTorchFunctionSubclass(): func(*args)` in one C call: most torch calls need nothing else.
+_run_unrouted = torch._C._disabled_torch_function_impl
+
+
 def handle_torch_function(func, args, kwargs):
     """Route one Python-level torch call; an error in it is raised from here, as CUDA's come from the C++ below
     the learner's line: the emulator's own frames are dropped (devices.KEEP_FRAMES keeps them), and IPython
@@ -283,8 +287,7 @@ def handle_torch_function(func, args, kwargs):
     try:
         if kwargs or func in _ROUTED:
             return _route_torch_function(func, args, kwargs or {})
-        with torch._C.DisableTorchFunctionSubclass():  # most calls: nothing to route, the op runs as it is
-            return func(*args)
+        return _run_unrouted(func, (), args)  # most calls: nothing to route, the op runs as it is
     except Exception as error:
         if KEEP_FRAMES:
             raise
@@ -314,5 +317,13 @@ class EmulatorMode(TorchFunctionMode):
     """Pushed on every thread that runs emulated code: sees factory calls and plain-tensor `.to()`."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        """`handle_torch_function` with its usual case inlined: every torch call of a program comes here."""
         __tracebackhide__ = True
-        return handle_torch_function(func, args, kwargs)
+        if kwargs or func in _ROUTED:
+            return handle_torch_function(func, args, kwargs)
+        try:
+            return _run_unrouted(func, types, args)
+        except Exception as error:
+            if KEEP_FRAMES:
+                raise
+            raise error.with_traceback(None) from error.__cause__
