@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course import backward_hooks, costs, fsdp2, functional_collectives
+from course import backward_hooks, costs, fsdp1, fsdp2, functional_collectives
 from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
 
 _TIME = torch.int64
@@ -46,6 +46,25 @@ def _unwrap(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_unwrap(v) for v in value)
     return value
+
+
+def _premul_sum(opts, tensors, in_place: bool):
+    """NCCL's PREMUL_SUM (FSDP's gradient divide factor, `dist._make_nccl_premul_sum`): every rank's input times
+    a factor, then summed. gloo has no such op, so the inputs are scaled here (in their own dtype, as NCCL casts
+    the factor) and gloo sums them; `in_place=False` scales copies, leaving the caller's inputs as NCCL does."""
+    if opts.reduceOp.op != dist.ReduceOp.PREMUL_SUM:
+        return tensors
+    factor = _unwrap(opts.reduceOp.factor)
+    opts.reduceOp = dist.ReduceOp.SUM
+    scale = (lambda t: t.mul_(torch.as_tensor(factor, dtype=t.dtype))) if in_place else \
+        (lambda t: t * torch.as_tensor(factor, dtype=t.dtype))
+    return _map(scale, tensors)
+
+
+def _map(fn, value):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    return type(value)(_map(fn, v) for v in value)
 
 
 def _nbytes(tensors) -> int:
@@ -259,14 +278,16 @@ class EmulatedNCCL(dist.ProcessGroup):
     # -- collectives -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
         return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
-                                lambda: self._gloo.allreduce(_unwrap(tensors), opts), tensors, tensors,
+                                lambda: self._gloo.allreduce(inner, opts), tensors, tensors,
                                 _nbytes(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
+        inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
         return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
-                                lambda: self._gloo.allreduce_coalesced(_unwrap(tensors), opts), tensors, tensors,
+                                lambda: self._gloo.allreduce_coalesced(inner, opts), tensors, tensors,
                                 _nbytes(tensors))
 
     def broadcast(self, tensors, opts=None):
@@ -277,8 +298,17 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        return self._collective("reduce", self._link_cost(costs.broadcast_ns),
-                                lambda: self._gloo.reduce(_unwrap(tensors), opts), tensors, tensors,
+        inner = _unwrap(tensors)
+        scaled = _premul_sum(opts, inner, in_place=False)
+
+        def call():
+            work = self._gloo.reduce(scaled, opts)
+            if scaled is not inner:
+                work.wait()
+                if self.rank() == opts.rootRank:
+                    inner[opts.rootTensor].copy_(scaled[opts.rootTensor])
+            return work
+        return self._collective("reduce", self._link_cost(costs.broadcast_ns), call, tensors, tensors,
                                 _nbytes(tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
@@ -310,13 +340,15 @@ class EmulatedNCCL(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
-                                lambda: self._gloo.reduce_scatter(_unwrap(outputs), _unwrap(input_lists), opts),
+                                lambda: self._gloo.reduce_scatter(
+                                    _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False), opts),
                                 input_lists, outputs, _nbytes(_flat(input_lists)))
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
-                                lambda: self._gloo._reduce_scatter_base(_by_count(output), _by_count(input), opts),
+                                lambda: self._gloo._reduce_scatter_base(
+                                    _by_count(output), _premul_sum(opts, _by_count(input), in_place=False), opts),
                                 [input], [output], _nbytes([input]))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -396,7 +428,8 @@ class EmulatedNCCL(dist.ProcessGroup):
 
 def _install_sharded_support(emu) -> None:
     """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
-    needs) and funcol's wrapper, in place once their torch modules are imported.
+    needs), FSDP1's refusal to shard (course/fsdp1.py) and funcol's wrapper, in place once their torch modules
+    are imported.
 
     Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
     of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
@@ -405,7 +438,7 @@ def _install_sharded_support(emu) -> None:
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
         for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
             emu._patch(target, replacements)  # undone when the emulator stops
-    for target, replacements in fsdp2.dtensor_patches():
+    for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches():
         emu._patch(target, replacements)
     functional_collectives.register()
 

@@ -105,6 +105,46 @@ def test_fsdp2_gradients_match_one_model_and_collectives_are_timed():
         assert ("nccl:reduce_scatter", f"cuda:{rank}") in names
 
 
+def _fsdp_divided_rank(rank, world_size, factor):
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    model = _mlp().cuda()
+    fully_shard(model, mesh=mesh)
+    model.set_gradient_divide_factor(factor)  # FSDP2 then reduce-scatters with NCCL's PREMUL_SUM(1 / factor)
+    model(_batch().cuda()).square().mean().backward()
+    return [p.grad.full_tensor().cpu() for p in model.parameters()]
+
+
+def test_fsdp2_gradient_divide_factor_scales_the_summed_gradients():
+    """Every rank has the same batch, so the reduce-scatter sums world_size equal gradients: divided by 4
+    instead of by 2 they come out half of one model's."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fsdp_divided_rank, 2, 4.0, backend="nccl")
+    for grads in results:
+        for got, want in zip(grads, _reference_grads(), strict=True):
+            torch.testing.assert_close(got, want / 2)
+
+
+def _fsdp1_rank(rank, world_size, strategy):
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    torch.cuda.set_device(rank)
+    model = FullyShardedDataParallel(_mlp().cuda(), sharding_strategy=ShardingStrategy[strategy],
+                                     device_id=torch.cuda.current_device())
+    model(_batch().cuda()).square().mean().backward()
+    return [p.grad.cpu() for p in model.parameters()]  # unsharded: one flat parameter holding them all
+
+
+def test_fsdp1_runs_unsharded_and_refuses_to_shard_by_name():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fsdp1_rank, 2, "NO_SHARD", backend="nccl")
+        with pytest.raises(course.ranks.RankFailed, match="sharding_strategy=FULL_SHARD is not modelled.*fully_shard"):
+            course.run_threads(_fsdp1_rank, 2, "FULL_SHARD", backend="nccl")
+    want = [g.flatten() for g in _reference_grads()]
+    for grads in results:
+        torch.testing.assert_close(torch.cat([g.flatten() for g in grads]), torch.cat(want))
+
+
 def test_fsdp2_free_and_alloc_storage_give_memory_back_and_take_it_again():
     with course.emulate(gpus=1):
         t = torch.empty(1 << 20, device="cuda")
