@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course import backward_hooks, costs, fsdp1, fsdp2, functional_collectives
+from course import backward_hooks, costs, cuda_api, fsdp1, fsdp2, functional_collectives
 from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
 
 _TIME = torch.int64
@@ -468,4 +468,20 @@ def _ddp_init(original):
     return __init__
 
 
-DDP_PATCHES = {"__init__": _ddp_init(DistributedDataParallel.__init__)}
+def _register_comm_hook(original):
+    """A comm hook runs with torch.cuda taking its bucket's host device for the bucket's GPU (cuda_api._comm_hook)."""
+    @functools.wraps(original)
+    def register_comm_hook(self, state, hook):
+        @functools.wraps(hook)
+        def on_the_bucket_gpu(state, bucket):
+            gpus = [p.get_device() for p in bucket.parameters()[:1] if isinstance(p, EmulatedTensor)]
+            if not gpus or gpus[0] == CPU:
+                return hook(state, bucket)
+            with cuda_api.comm_hook_on(gpus[0]):
+                return hook(state, bucket)
+        return original(self, state, on_the_bucket_gpu)
+    return register_comm_hook
+
+
+DDP_PATCHES = {"__init__": _ddp_init(DistributedDataParallel.__init__),
+               "register_comm_hook": _register_comm_hook(DistributedDataParallel.register_comm_hook)}
