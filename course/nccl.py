@@ -105,6 +105,10 @@ class _Done(dist.Work):
     def get_future(self):
         return self._future
 
+    def result(self) -> list:
+        """The output tensors, as ProcessGroupNCCL's work gives them."""
+        return self._future.value()
+
 
 class _Recv(_Done):
     """A posted receive: its values and its timing are known only once the message has arrived."""
@@ -312,19 +316,19 @@ class EmulatedNCCL(dist.ProcessGroup):
                                 _nbytes(tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo.allgather(_unwrap(output_lists), _unwrap(inputs), opts),
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo.allgather_coalesced(_unwrap(output_lists), _unwrap(inputs), opts),
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo._allgather_base(_by_count(output), _by_count(input), opts),
                                 [input], [output], _nbytes([output]))
@@ -451,7 +455,7 @@ def _nccl_available() -> bool:
 # 10 minutes (torch/distributed/constants.py, when NCCL is built in).
 C10D_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
                 "default_pg_nccl_timeout": datetime.timedelta(minutes=10)}
-DIST_PATCHES = {"is_nccl_available": _nccl_available}
+DIST_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL}
 
 
 def _ddp_init(original):

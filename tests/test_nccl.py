@@ -151,6 +151,29 @@ def test_receive_starts_when_both_sides_are_ready():
     assert recv.start_ns >= last_matmul
 
 
+def _direct_group(rank, world_size, store):
+    """As c10d's own tests do: the group object built directly, its methods called with and without options."""
+    torch.cuda.set_device(rank)
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = False
+    group = dist.ProcessGroupNCCL(dist.PrefixStore("direct", store), rank, world_size, options)
+    gathered = [[torch.empty(2, device="cuda") for _ in range(world_size)]]
+    group.allgather(gathered, [torch.full((2,), float(rank), device="cuda")]).wait()
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    work = group.allreduce([torch.tensor([float(rank)], device="cuda")], opts)
+    work.wait()
+    return [t.cpu() for t in gathered[0]], [t.cpu() for t in work.result()]
+
+
+def test_process_group_nccl_built_directly():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_direct_group, 2, dist.HashStore(), backend="nccl")
+    for gathered, maximum in results:
+        torch.testing.assert_close(gathered, [torch.zeros(2), torch.ones(2)])
+        torch.testing.assert_close(maximum, [torch.ones(1)])
+
+
 def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
     with course.emulate(gpus=2):
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
@@ -159,8 +182,9 @@ def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
 
 def test_nccl_is_restored_after_the_emulator_stops():
     with course.emulate(gpus=2):
-        assert dist.is_nccl_available()
+        assert dist.is_nccl_available() and dist.ProcessGroupNCCL.Options
     assert not dist.is_nccl_available()
+    assert not hasattr(dist, "ProcessGroupNCCL")
     assert "COURSE_EMULATE" not in os.environ
 
 
