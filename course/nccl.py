@@ -88,6 +88,7 @@ class _Done(dist.Work):
         self._group, self._end_ns, self._pending = group, end_ns, list(pending)
         self._future = torch.futures.Future()
         self._future.set_result(result)
+        group._last_work = self
 
     def wait(self, timeout=None) -> bool:
         for work in self._pending:
@@ -184,8 +185,8 @@ class EmulatedNCCL(dist.ProcessGroup):
     # -- the per-device Backend torch asks for -------------------------------------------------------
     # A C++ process group keeps one Backend per device type; this group is its own backend for every
     # device. `init_process_group(device_id=...)`, FSDP2's buffer allocation and batch_isend_irecv ask
-    # it what it supports: no communicator splitting (new groups are made afresh), no coalescing
-    # manager (each collective runs on its own), no special tensor allocator. torch sets `bound_device_id` on
+    # it what it supports: no communicator splitting (new groups are made afresh), no coalesced batches of
+    # point-to-point ops (each runs on its own), no special tensor allocator. torch sets `bound_device_id` on
     # the group it replaces by this one, so it stays unset here: DeviceMesh then makes its sub-groups with
     # new_group, which works, instead of splitting a communicator.
     supports_splitting = supports_coalescing = supports_time_estimate = False
@@ -195,6 +196,16 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     def supports_tensor_alloc(self, device) -> bool:
         return False
+
+    _last_work = None
+
+    def _start_coalescing(self, device) -> None:
+        """`dist._coalescing_manager(device=...)`: NCCL groups the collectives up to `_end_coalescing` into one
+        launch; here each still runs on its own, and the work of the last one stands for the batch."""
+        self._last_work = None
+
+    def _end_coalescing(self, device):
+        return self._last_work or _Done(self, self._emu.clock.host_ns, [])
 
     def eager_connect_single_device(self, device) -> None:
         """NCCL connects its communicator early when given a device_id; the gloo group is connected."""

@@ -174,6 +174,30 @@ def test_process_group_nccl_built_directly():
         torch.testing.assert_close(maximum, [torch.ones(1)])
 
 
+def _coalesced(rank, world_size):
+    torch.cuda.set_device(rank)
+    a, b = torch.ones(3, device="cuda") * (rank + 1), torch.ones(2, device="cuda") * (rank + 3)
+    with dist._coalescing_manager(device=torch.device("cuda", rank), async_ops=True) as batch:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    batch.wait()
+    gathered = torch.empty(2 * world_size, device="cuda")
+    with dist._coalescing_manager(device=torch.device("cuda", rank)):
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank), device="cuda"))
+    return a.cpu(), b.cpu(), gathered.cpu()
+
+
+def test_coalescing_manager_with_a_device():
+    """NCCL's group launch (`_start_coalescing` / `_end_coalescing`), which gloo lacks; it said 'No backend type
+    associated with device type cuda' before."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_coalesced, 2, backend="nccl")
+    for a, b, gathered in results:
+        torch.testing.assert_close(a, torch.full((3,), 3.0))
+        torch.testing.assert_close(b, torch.full((2,), 7.0))
+        torch.testing.assert_close(gathered, torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
 def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
     with course.emulate(gpus=2):
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
