@@ -462,11 +462,27 @@ def _nccl_available() -> bool:
     return True
 
 
+_broadcast_coalesced_in_cpp = dist._broadcast_coalesced
+
+
+def _broadcast_coalesced(process_group, tensors, buffer_size: int, src: int = 0) -> None:
+    """DDP's parameter and buffer broadcast, one device at a time. C++ buckets the tensors by device, and sees an
+    emulated tensor's device as the CPU: a module spread over two GPUs (DDP with model parallelism) would be
+    flattened into one bucket and fail with 'Expected all tensors to be on the same device'. Every rank groups
+    its tensors in the same order (by first appearance), so the broadcasts still pair up."""
+    by_device: dict = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    for group in by_device.values():
+        _broadcast_coalesced_in_cpp(process_group, group, buffer_size, src)
+
+
 # What course.emulate puts in place in torch.distributed while it is active. NCCL's default timeout is
 # 10 minutes (torch/distributed/constants.py, when NCCL is built in).
 C10D_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
                 "default_pg_nccl_timeout": datetime.timedelta(minutes=10)}
-DIST_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL}
+DIST_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
+                "_broadcast_coalesced": _broadcast_coalesced}
 
 
 def _ddp_init(original):

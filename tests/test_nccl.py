@@ -89,6 +89,43 @@ def test_ddp_over_emulated_nccl_matches_one_process(world_size):
     assert all(e.end_ns > e.start_ns for e in reduces)
 
 
+class _TwoGPUs(nn.Module):
+    """_model() with its first layer on one GPU and its last on another, moving the activations between them."""
+
+    def __init__(self, first, second):
+        super().__init__()
+        self.first, self.second = first, second
+        self.layers = _model()
+        self.layers[0].to(first)
+        self.layers[2].to(second)
+
+    def forward(self, x):
+        hidden = self.layers[1](self.layers[0](x.to(self.first)))
+        return self.layers[2](hidden.to(self.second))
+
+
+def _ddp_model_parallel_rank(rank, world_size, steps=3):
+    """The DDP tutorial's DDP with model parallelism: each rank's model spans two GPUs, device_ids unset."""
+    model = _TwoGPUs(f"cuda:{2 * rank}", f"cuda:{2 * rank + 1}")
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = (t.chunk(world_size)[rank] for t in _data(world_size))
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y.to(model.second)).backward()
+        opt.step()
+    return [str(p.device) for p in model.parameters()], [p.detach().cpu() for p in model.parameters()]
+
+
+def test_ddp_of_a_model_on_two_gpus_per_rank_matches_one_process():
+    with course.emulate(gpus=4):
+        results = course.run_threads(_ddp_model_parallel_rank, 2, backend="nccl")
+    for rank, (devices, params) in enumerate(results):
+        assert devices == [f"cuda:{2 * rank}"] * 2 + [f"cuda:{2 * rank + 1}"] * 2
+        for got, want in zip(params, _reference(2), strict=True):
+            torch.testing.assert_close(got, want)
+
+
 def test_ddp_timeline_is_identical_run_to_run():
     def trace():
         with course.emulate(gpus=2) as emu:
