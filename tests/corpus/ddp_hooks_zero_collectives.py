@@ -1,8 +1,8 @@
 """DDP's extras and collectives inside models, as the examples and contrastive / mixture-of-experts code write them.
 
 ZeroRedundancyOptimizer under the Join context with uneven inputs (rank 1 has two more batches), the PowerSGD comm
-hook (plain all-reduce for two steps, then rank-1 compression with error feedback), find_unused_parameters and
-static_graph; then SimCLR-style embeddings gathered with gradients (torch.distributed.nn), a mixture-of-experts
+hook (plain all-reduce for two steps, then rank-1 compression with error feedback), find_unused_parameters,
+static_graph, and the DDP tutorial's model parallelism (each rank's model on two GPUs, device_ids unset); then SimCLR-style embeddings gathered with gradients (torch.distributed.nn), a mixture-of-experts
 dispatch with all_to_all_single and uneven splits, an all-reduce on a side stream, and CPU tensors on the mixed
 "cpu:gloo,cuda:nccl" backend. Plain CPU (gloo) and emulated GPUs (nccl) must give the same numbers.
 """
@@ -38,6 +38,17 @@ class Branchy(nn.Module):
 
     def forward(self, x, use_b):
         return self.a(x) + (self.b(x) if use_b else 0)
+
+
+class TwoDevices(nn.Module):
+    def __init__(self, first, second):
+        super().__init__()
+        self.first, self.second = first, second
+        torch.manual_seed(2)
+        self.net1, self.net2 = nn.Linear(16, 16).to(first), nn.Linear(16, 4).to(second)
+
+    def forward(self, x):
+        return self.net2(torch.relu(self.net1(x.to(self.first))).to(self.second))
 
 
 def sums(module):
@@ -76,6 +87,15 @@ def ddp_extras(rank, device, ids):
             opt.step()
             opt.zero_grad()
         out[name] = sums(ddp)
+
+    cuda = device.type == "cuda"
+    ddp = DDP(TwoDevices(2 * rank if cuda else "cpu", 2 * rank + 1 if cuda else "cpu"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for x in batches(rank, 3):
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    out["model_parallel"] = sums(ddp)
     return out
 
 
