@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course import backward_hooks, costs, cuda_api, fsdp1, fsdp2, functional_collectives
+from course import backward_hooks, costs, cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives
 from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
 
 _TIME = torch.int64
@@ -196,6 +196,17 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     def supports_tensor_alloc(self, device) -> bool:
         return False
+
+    @property
+    def _device_types(self) -> list:
+        """The devices the group serves, as a C++ group lists its backends': CUDA, and the CPU too when
+        init_process_group named a CPU backend ("cpu:gloo,cuda:nccl"). Object collectives pick their device from
+        it, and DCP's async_save refuses a group without the CPU, just before it stages the tensors: the
+        staging of emulated ones is put in place here if DCP was imported after the group was made.
+        (gloo underneath moves CPU tensors either way.)"""
+        _install_sharded_support(self._emu)
+        config = distributed_c10d._world.pg_backend_config.get(self, "cuda:nccl")
+        return [torch.device(entry.split(":")[0]) for entry in config.split(",")]
 
     _last_work = None
 
@@ -443,8 +454,8 @@ class EmulatedNCCL(dist.ProcessGroup):
 
 def _install_sharded_support(emu) -> None:
     """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
-    needs), FSDP1's refusal to shard (course/fsdp1.py) and funcol's wrapper, in place once their torch modules
-    are imported.
+    needs), FSDP1's refusal to shard (course/fsdp1.py), DCP's async staging (course/dcp_staging.py) and funcol's
+    wrapper, in place once their torch modules are imported.
 
     Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
     of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
@@ -453,7 +464,7 @@ def _install_sharded_support(emu) -> None:
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
         for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
             emu._patch(target, replacements)  # undone when the emulator stops
-    for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches():
+    for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches() + dcp_staging.patches():
         emu._patch(target, replacements)
     functional_collectives.register()
 

@@ -145,6 +145,29 @@ def test_fsdp1_runs_unsharded_and_refuses_to_shard_by_name():
         torch.testing.assert_close(torch.cat([g.flatten() for g in grads]), torch.cat(want))
 
 
+def _stage_for_async_save(rank, world_size):
+    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+
+    torch.cuda.set_device(rank)
+    weights = torch.arange(6.0, device="cuda").reshape(2, 3) + rank
+    assert torch.device("cpu") in dist.distributed_c10d._get_default_group()._device_types  # async_save's check
+    staged = StateDictStager().stage({"weights": weights, "view": weights[:, 1:], "step": 3})
+    return dist.distributed_c10d._get_default_group()._device_types, staged
+
+
+def test_dcp_async_save_finds_a_cpu_backend_and_stages_gpu_tensors_to_the_host():
+    """async_save refuses a group without a CPU backend ("cpu:gloo,cuda:nccl" has one), then copies every tensor to
+    the host storage by storage: on emulated tensors it failed with 'copy_() on an invalid python storage'."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_stage_for_async_save, 2, backend="cpu:gloo,cuda:nccl")
+    for rank, (device_types, staged) in enumerate(results):
+        assert sorted(d.type for d in device_types) == ["cpu", "cuda"]
+        want = torch.arange(6.0).reshape(2, 3) + rank
+        assert staged["weights"].device == torch.device("cpu") and staged["step"] == 3
+        torch.testing.assert_close(staged["weights"], want)
+        torch.testing.assert_close(staged["view"], want[:, 1:])
+
+
 def test_fsdp2_free_and_alloc_storage_give_memory_back_and_take_it_again():
     with course.emulate(gpus=1):
         t = torch.empty(1 << 20, device="cuda")
