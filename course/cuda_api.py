@@ -7,7 +7,9 @@ with CUDA enabled". Random numbers are in `course/rng.py`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -30,9 +32,27 @@ def _index(device=None) -> int:
     if device is None or (isinstance(device, int) and device < 0):
         return emu.current_device()
     index = parse_device(device if not isinstance(device, Stream) else device.device, emu)
+    if index == CPU and getattr(_comm_hook, "device", None) is not None:
+        return _comm_hook.device
     if index == CPU:  # PyTorch's torch.cuda._utils._get_device_index says the same
         raise ValueError(f"Expected a cuda device, but got: {device}")
     return index
+
+
+# DDP's buckets are host tensors to Python on emulated GPUs (course/nccl.py), so a comm hook that passes its
+# bucket's device to torch.cuda (PowerSGD's `torch.cuda.synchronize(device)`) names the CPU where a GPU box names
+# the bucket's GPU. While a hook runs, torch.cuda takes that CPU device for the GPU the bucket stands for.
+_comm_hook = threading.local()
+
+
+@contextlib.contextmanager
+def comm_hook_on(device_index: int):
+    """Inside a DDP comm hook for a bucket on emulated GPU `device_index` (see `_comm_hook`)."""
+    outer, _comm_hook.device = getattr(_comm_hook, "device", None), device_index
+    try:
+        yield
+    finally:
+        _comm_hook.device = outer
 
 
 _CUDA = 1  # c10::DeviceType::CUDA, for torch.Stream

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course import backward_hooks, costs, fsdp2, functional_collectives
+from course import backward_hooks, costs, cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives
 from course.devices import (CPU, EmulatedTensor, current_emulator, host_scratch_ready, mark_host_scratch)
 
 _TIME = torch.int64
@@ -48,6 +48,25 @@ def _unwrap(value):
     return value
 
 
+def _premul_sum(opts, tensors, in_place: bool):
+    """NCCL's PREMUL_SUM (FSDP's gradient divide factor, `dist._make_nccl_premul_sum`): every rank's input times
+    a factor, then summed. gloo has no such op, so the inputs are scaled here (in their own dtype, as NCCL casts
+    the factor) and gloo sums them; `in_place=False` scales copies, leaving the caller's inputs as NCCL does."""
+    if opts.reduceOp.op != dist.ReduceOp.PREMUL_SUM:
+        return tensors
+    factor = _unwrap(opts.reduceOp.factor)
+    opts.reduceOp = dist.ReduceOp.SUM
+    scale = (lambda t: t.mul_(torch.as_tensor(factor, dtype=t.dtype))) if in_place else \
+        (lambda t: t * torch.as_tensor(factor, dtype=t.dtype))
+    return _map(scale, tensors)
+
+
+def _map(fn, value):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    return type(value)(_map(fn, v) for v in value)
+
+
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -69,6 +88,7 @@ class _Done(dist.Work):
         self._group, self._end_ns, self._pending = group, end_ns, list(pending)
         self._future = torch.futures.Future()
         self._future.set_result(result)
+        group._last_work = self
 
     def wait(self, timeout=None) -> bool:
         for work in self._pending:
@@ -85,6 +105,10 @@ class _Done(dist.Work):
 
     def get_future(self):
         return self._future
+
+    def result(self) -> list:
+        """The output tensors, as ProcessGroupNCCL's work gives them."""
+        return self._future.value()
 
 
 class _Recv(_Done):
@@ -161,8 +185,8 @@ class EmulatedNCCL(dist.ProcessGroup):
     # -- the per-device Backend torch asks for -------------------------------------------------------
     # A C++ process group keeps one Backend per device type; this group is its own backend for every
     # device. `init_process_group(device_id=...)`, FSDP2's buffer allocation and batch_isend_irecv ask
-    # it what it supports: no communicator splitting (new groups are made afresh), no coalescing
-    # manager (each collective runs on its own), no special tensor allocator. torch sets `bound_device_id` on
+    # it what it supports: no communicator splitting (new groups are made afresh), no coalesced batches of
+    # point-to-point ops (each runs on its own), no special tensor allocator. torch sets `bound_device_id` on
     # the group it replaces by this one, so it stays unset here: DeviceMesh then makes its sub-groups with
     # new_group, which works, instead of splitting a communicator.
     supports_splitting = supports_coalescing = supports_time_estimate = False
@@ -172,6 +196,27 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     def supports_tensor_alloc(self, device) -> bool:
         return False
+
+    @property
+    def _device_types(self) -> list:
+        """The devices the group serves, as a C++ group lists its backends': CUDA, and the CPU too when
+        init_process_group named a CPU backend ("cpu:gloo,cuda:nccl"). Object collectives pick their device from
+        it, and DCP's async_save refuses a group without the CPU, just before it stages the tensors: the
+        staging of emulated ones is put in place here if DCP was imported after the group was made.
+        (gloo underneath moves CPU tensors either way.)"""
+        _install_sharded_support(self._emu)
+        config = distributed_c10d._world.pg_backend_config.get(self, "cuda:nccl")
+        return [torch.device(entry.split(":")[0]) for entry in config.split(",")]
+
+    _last_work = None
+
+    def _start_coalescing(self, device) -> None:
+        """`dist._coalescing_manager(device=...)`: NCCL groups the collectives up to `_end_coalescing` into one
+        launch; here each still runs on its own, and the work of the last one stands for the batch."""
+        self._last_work = None
+
+    def _end_coalescing(self, device):
+        return self._last_work or _Done(self, self._emu.clock.host_ns, [])
 
     def eager_connect_single_device(self, device) -> None:
         """NCCL connects its communicator early when given a device_id; the gloo group is connected."""
@@ -259,14 +304,16 @@ class EmulatedNCCL(dist.ProcessGroup):
     # -- collectives -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
         return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
-                                lambda: self._gloo.allreduce(_unwrap(tensors), opts), tensors, tensors,
+                                lambda: self._gloo.allreduce(inner, opts), tensors, tensors,
                                 _nbytes(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
+        inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
         return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
-                                lambda: self._gloo.allreduce_coalesced(_unwrap(tensors), opts), tensors, tensors,
+                                lambda: self._gloo.allreduce_coalesced(inner, opts), tensors, tensors,
                                 _nbytes(tensors))
 
     def broadcast(self, tensors, opts=None):
@@ -277,24 +324,33 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        return self._collective("reduce", self._link_cost(costs.broadcast_ns),
-                                lambda: self._gloo.reduce(_unwrap(tensors), opts), tensors, tensors,
+        inner = _unwrap(tensors)
+        scaled = _premul_sum(opts, inner, in_place=False)
+
+        def call():
+            work = self._gloo.reduce(scaled, opts)
+            if scaled is not inner:
+                work.wait()
+                if self.rank() == opts.rootRank:
+                    inner[opts.rootTensor].copy_(scaled[opts.rootTensor])
+            return work
+        return self._collective("reduce", self._link_cost(costs.broadcast_ns), call, tensors, tensors,
                                 _nbytes(tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo.allgather(_unwrap(output_lists), _unwrap(inputs), opts),
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo.allgather_coalesced(_unwrap(output_lists), _unwrap(inputs), opts),
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo._allgather_base(_by_count(output), _by_count(input), opts),
                                 [input], [output], _nbytes([output]))
@@ -310,13 +366,15 @@ class EmulatedNCCL(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
-                                lambda: self._gloo.reduce_scatter(_unwrap(outputs), _unwrap(input_lists), opts),
+                                lambda: self._gloo.reduce_scatter(
+                                    _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False), opts),
                                 input_lists, outputs, _nbytes(_flat(input_lists)))
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
-                                lambda: self._gloo._reduce_scatter_base(_by_count(output), _by_count(input), opts),
+                                lambda: self._gloo._reduce_scatter_base(
+                                    _by_count(output), _premul_sum(opts, _by_count(input), in_place=False), opts),
                                 [input], [output], _nbytes([input]))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -396,7 +454,8 @@ class EmulatedNCCL(dist.ProcessGroup):
 
 def _install_sharded_support(emu) -> None:
     """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
-    needs) and funcol's wrapper, in place once their torch modules are imported.
+    needs), FSDP1's refusal to shard (course/fsdp1.py), DCP's async staging (course/dcp_staging.py) and funcol's
+    wrapper, in place once their torch modules are imported.
 
     Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
     of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
@@ -405,7 +464,7 @@ def _install_sharded_support(emu) -> None:
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
         for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
             emu._patch(target, replacements)  # undone when the emulator stops
-    for target, replacements in fsdp2.dtensor_patches():
+    for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches() + dcp_staging.patches():
         emu._patch(target, replacements)
     functional_collectives.register()
 
@@ -414,11 +473,27 @@ def _nccl_available() -> bool:
     return True
 
 
+_broadcast_coalesced_in_cpp = dist._broadcast_coalesced
+
+
+def _broadcast_coalesced(process_group, tensors, buffer_size: int, src: int = 0) -> None:
+    """DDP's parameter and buffer broadcast, one device at a time. C++ buckets the tensors by device, and sees an
+    emulated tensor's device as the CPU: a module spread over two GPUs (DDP with model parallelism) would be
+    flattened into one bucket and fail with 'Expected all tensors to be on the same device'. Every rank groups
+    its tensors in the same order (by first appearance), so the broadcasts still pair up."""
+    by_device: dict = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    for group in by_device.values():
+        _broadcast_coalesced_in_cpp(process_group, group, buffer_size, src)
+
+
 # What course.emulate puts in place in torch.distributed while it is active. NCCL's default timeout is
 # 10 minutes (torch/distributed/constants.py, when NCCL is built in).
 C10D_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
                 "default_pg_nccl_timeout": datetime.timedelta(minutes=10)}
-DIST_PATCHES = {"is_nccl_available": _nccl_available}
+DIST_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
+                "_broadcast_coalesced": _broadcast_coalesced}
 
 
 def _ddp_init(original):
@@ -435,4 +510,20 @@ def _ddp_init(original):
     return __init__
 
 
-DDP_PATCHES = {"__init__": _ddp_init(DistributedDataParallel.__init__)}
+def _register_comm_hook(original):
+    """A comm hook runs with torch.cuda taking its bucket's host device for the bucket's GPU (cuda_api._comm_hook)."""
+    @functools.wraps(original)
+    def register_comm_hook(self, state, hook):
+        @functools.wraps(hook)
+        def on_the_bucket_gpu(state, bucket):
+            gpus = [p.get_device() for p in bucket.parameters()[:1] if isinstance(p, EmulatedTensor)]
+            if not gpus or gpus[0] == CPU:
+                return hook(state, bucket)
+            with cuda_api.comm_hook_on(gpus[0]):
+                return hook(state, bucket)
+        return original(self, state, on_the_bucket_gpu)
+    return register_comm_hook
+
+
+DDP_PATCHES = {"__init__": _ddp_init(DistributedDataParallel.__init__),
+               "register_comm_hook": _register_comm_hook(DistributedDataParallel.register_comm_hook)}

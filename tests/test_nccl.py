@@ -89,6 +89,43 @@ def test_ddp_over_emulated_nccl_matches_one_process(world_size):
     assert all(e.end_ns > e.start_ns for e in reduces)
 
 
+class _TwoGPUs(nn.Module):
+    """_model() with its first layer on one GPU and its last on another, moving the activations between them."""
+
+    def __init__(self, first, second):
+        super().__init__()
+        self.first, self.second = first, second
+        self.layers = _model()
+        self.layers[0].to(first)
+        self.layers[2].to(second)
+
+    def forward(self, x):
+        hidden = self.layers[1](self.layers[0](x.to(self.first)))
+        return self.layers[2](hidden.to(self.second))
+
+
+def _ddp_model_parallel_rank(rank, world_size, steps=3):
+    """The DDP tutorial's DDP with model parallelism: each rank's model spans two GPUs, device_ids unset."""
+    model = _TwoGPUs(f"cuda:{2 * rank}", f"cuda:{2 * rank + 1}")
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = (t.chunk(world_size)[rank] for t in _data(world_size))
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y.to(model.second)).backward()
+        opt.step()
+    return [str(p.device) for p in model.parameters()], [p.detach().cpu() for p in model.parameters()]
+
+
+def test_ddp_of_a_model_on_two_gpus_per_rank_matches_one_process():
+    with course.emulate(gpus=4):
+        results = course.run_threads(_ddp_model_parallel_rank, 2, backend="nccl")
+    for rank, (devices, params) in enumerate(results):
+        assert devices == [f"cuda:{2 * rank}"] * 2 + [f"cuda:{2 * rank + 1}"] * 2
+        for got, want in zip(params, _reference(2), strict=True):
+            torch.testing.assert_close(got, want)
+
+
 def test_ddp_timeline_is_identical_run_to_run():
     def trace():
         with course.emulate(gpus=2) as emu:
@@ -151,6 +188,53 @@ def test_receive_starts_when_both_sides_are_ready():
     assert recv.start_ns >= last_matmul
 
 
+def _direct_group(rank, world_size, store):
+    """As c10d's own tests do: the group object built directly, its methods called with and without options."""
+    torch.cuda.set_device(rank)
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = False
+    group = dist.ProcessGroupNCCL(dist.PrefixStore("direct", store), rank, world_size, options)
+    gathered = [[torch.empty(2, device="cuda") for _ in range(world_size)]]
+    group.allgather(gathered, [torch.full((2,), float(rank), device="cuda")]).wait()
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    work = group.allreduce([torch.tensor([float(rank)], device="cuda")], opts)
+    work.wait()
+    return [t.cpu() for t in gathered[0]], [t.cpu() for t in work.result()]
+
+
+def test_process_group_nccl_built_directly():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_direct_group, 2, dist.HashStore(), backend="nccl")
+    for gathered, maximum in results:
+        torch.testing.assert_close(gathered, [torch.zeros(2), torch.ones(2)])
+        torch.testing.assert_close(maximum, [torch.ones(1)])
+
+
+def _coalesced(rank, world_size):
+    torch.cuda.set_device(rank)
+    a, b = torch.ones(3, device="cuda") * (rank + 1), torch.ones(2, device="cuda") * (rank + 3)
+    with dist._coalescing_manager(device=torch.device("cuda", rank), async_ops=True) as batch:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    batch.wait()
+    gathered = torch.empty(2 * world_size, device="cuda")
+    with dist._coalescing_manager(device=torch.device("cuda", rank)):
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank), device="cuda"))
+    return a.cpu(), b.cpu(), gathered.cpu()
+
+
+def test_coalescing_manager_with_a_device():
+    """NCCL's group launch (`_start_coalescing` / `_end_coalescing`), which gloo lacks; it said 'No backend type
+    associated with device type cuda' before."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_coalesced, 2, backend="nccl")
+    for a, b, gathered in results:
+        torch.testing.assert_close(a, torch.full((3,), 3.0))
+        torch.testing.assert_close(b, torch.full((2,), 7.0))
+        torch.testing.assert_close(gathered, torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
 def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
     with course.emulate(gpus=2):
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
@@ -159,8 +243,9 @@ def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
 
 def test_nccl_is_restored_after_the_emulator_stops():
     with course.emulate(gpus=2):
-        assert dist.is_nccl_available()
+        assert dist.is_nccl_available() and dist.ProcessGroupNCCL.Options
     assert not dist.is_nccl_available()
+    assert not hasattr(dist, "ProcessGroupNCCL")
     assert "COURSE_EMULATE" not in os.environ
 
 

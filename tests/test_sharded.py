@@ -105,6 +105,69 @@ def test_fsdp2_gradients_match_one_model_and_collectives_are_timed():
         assert ("nccl:reduce_scatter", f"cuda:{rank}") in names
 
 
+def _fsdp_divided_rank(rank, world_size, factor):
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    model = _mlp().cuda()
+    fully_shard(model, mesh=mesh)
+    model.set_gradient_divide_factor(factor)  # FSDP2 then reduce-scatters with NCCL's PREMUL_SUM(1 / factor)
+    model(_batch().cuda()).square().mean().backward()
+    return [p.grad.full_tensor().cpu() for p in model.parameters()]
+
+
+def test_fsdp2_gradient_divide_factor_scales_the_summed_gradients():
+    """Every rank has the same batch, so the reduce-scatter sums world_size equal gradients: divided by 4
+    instead of by 2 they come out half of one model's."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fsdp_divided_rank, 2, 4.0, backend="nccl")
+    for grads in results:
+        for got, want in zip(grads, _reference_grads(), strict=True):
+            torch.testing.assert_close(got, want / 2)
+
+
+def _fsdp1_rank(rank, world_size, strategy):
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    torch.cuda.set_device(rank)
+    model = FullyShardedDataParallel(_mlp().cuda(), sharding_strategy=ShardingStrategy[strategy],
+                                     device_id=torch.cuda.current_device())
+    model(_batch().cuda()).square().mean().backward()
+    return [p.grad.cpu() for p in model.parameters()]  # unsharded: one flat parameter holding them all
+
+
+def test_fsdp1_runs_unsharded_and_refuses_to_shard_by_name():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fsdp1_rank, 2, "NO_SHARD", backend="nccl")
+        with pytest.raises(course.ranks.RankFailed, match="sharding_strategy=FULL_SHARD is not modelled.*fully_shard"):
+            course.run_threads(_fsdp1_rank, 2, "FULL_SHARD", backend="nccl")
+    want = [g.flatten() for g in _reference_grads()]
+    for grads in results:
+        torch.testing.assert_close(torch.cat([g.flatten() for g in grads]), torch.cat(want))
+
+
+def _stage_for_async_save(rank, world_size):
+    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+
+    torch.cuda.set_device(rank)
+    weights = torch.arange(6.0, device="cuda").reshape(2, 3) + rank
+    assert torch.device("cpu") in dist.distributed_c10d._get_default_group()._device_types  # async_save's check
+    staged = StateDictStager().stage({"weights": weights, "view": weights[:, 1:], "step": 3})
+    return dist.distributed_c10d._get_default_group()._device_types, staged
+
+
+def test_dcp_async_save_finds_a_cpu_backend_and_stages_gpu_tensors_to_the_host():
+    """async_save refuses a group without a CPU backend ("cpu:gloo,cuda:nccl" has one), then copies every tensor to
+    the host storage by storage: on emulated tensors it failed with 'copy_() on an invalid python storage'."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_stage_for_async_save, 2, backend="cpu:gloo,cuda:nccl")
+    for rank, (device_types, staged) in enumerate(results):
+        assert sorted(d.type for d in device_types) == ["cpu", "cuda"]
+        want = torch.arange(6.0).reshape(2, 3) + rank
+        assert staged["weights"].device == torch.device("cpu") and staged["step"] == 3
+        torch.testing.assert_close(staged["weights"], want)
+        torch.testing.assert_close(staged["view"], want[:, 1:])
+
+
 def test_fsdp2_free_and_alloc_storage_give_memory_back_and_take_it_again():
     with course.emulate(gpus=1):
         t = torch.empty(1 << 20, device="cuda")

@@ -1,15 +1,19 @@
 """FSDP2 the way its tutorial and torchtitan write it: torchrun, device_id in init_process_group, a device mesh,
 fully_shard on each transformer block then on the root, bf16 parameters with fp32 gradient reduction, AdamW,
-and a full (unsharded) state dict gathered from the DTensor shards at the end.
+a full (unsharded) state dict gathered from the DTensor shards at the end, and a sharded checkpoint written in the
+background with torch.distributed.checkpoint.async_save (which needs the CPU backend of "cpu:gloo,cuda:nccl")
+and loaded into a fresh sharded model.
 
 Run as `torchrun --nproc-per-node=2 fsdp2_train.py`; started plainly, it launches itself that way.
 """
 import json
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
@@ -47,24 +51,29 @@ class TinyLM(nn.Module):
         return self.out(self.norm(x))
 
 
+def sharded_model(device, mesh):
+    model = TinyLM().to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
 def main():
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=world_size, device_id=device)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
 
     torch.manual_seed(0)
-    model = TinyLM().to(device)
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    model = sharded_model(device, mesh)
     shard_shapes = {name: list(p.to_local().shape) for name, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
 
@@ -83,6 +92,15 @@ def main():
         losses.append(mean.item() / world_size)
 
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # every rank takes part
+
+    checkpoint_dir = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(checkpoint_dir, src=0)
+    dcp.async_save({"model": model.state_dict()}, checkpoint_id=checkpoint_dir[0]).result()
+    restored = sharded_model(device, mesh)
+    state = {"model": restored.state_dict()}
+    dcp.load(state, checkpoint_id=checkpoint_dir[0])
+    restored.load_state_dict(state["model"])
+    restored_full = {k: v.full_tensor() for k, v in restored.state_dict().items()}
     if rank == 0:
         weights = torch.cat([v.float().flatten().cpu() for v in full.values()])
         print("RESULT " + json.dumps({
@@ -92,6 +110,7 @@ def main():
             "full_shapes": {k: list(v.shape) for k, v in full.items()},
             "weight_sums": {k: v.float().sum().item() for k, v in full.items()},
             "first_weights": weights[:24].tolist(),
+            "restored_equal": all(torch.equal(restored_full[k], v) for k, v in full.items()),
             "_tolerance": [1e-4, 1e-5],
         }))
     dist.destroy_process_group()
