@@ -88,7 +88,8 @@ class _Done(dist.Work):
         self._group, self._end_ns, self._pending = group, end_ns, list(pending)
         self._future = torch.futures.Future()
         self._future.set_result(result)
-        group._last_work = self
+        if group._coalescing:
+            group._last_work = self
 
     def wait(self, timeout=None) -> bool:
         for work in self._pending:
@@ -208,15 +209,19 @@ class EmulatedNCCL(dist.ProcessGroup):
         config = distributed_c10d._world.pg_backend_config.get(self, "cuda:nccl")
         return [torch.device(entry.split(":")[0]) for entry in config.split(",")]
 
+    _coalescing = False
     _last_work = None
 
     def _start_coalescing(self, device) -> None:
         """`dist._coalescing_manager(device=...)`: NCCL groups the collectives up to `_end_coalescing` into one
-        launch; here each still runs on its own, and the work of the last one stands for the batch."""
-        self._last_work = None
+        launch; here each still runs on its own, and the work of the last one stands for the batch. Only then is
+        a work kept by the group: it holds its outputs, whose memory must be freed when the caller drops them."""
+        self._coalescing, self._last_work = True, None
 
     def _end_coalescing(self, device):
-        return self._last_work or _Done(self, self._emu.clock.host_ns, [])
+        work = self._last_work or _Done(self, self._emu.clock.host_ns, [])
+        self._coalescing, self._last_work = False, None
+        return work
 
     def eager_connect_single_device(self, device) -> None:
         """NCCL connects its communicator early when given a device_id; the gloo group is connected."""

@@ -235,6 +235,26 @@ def test_coalescing_manager_with_a_device():
         torch.testing.assert_close(gathered, torch.tensor([0.0, 0.0, 1.0, 1.0]))
 
 
+def _dropped_outputs(rank, world_size):
+    """Memory on the rank's GPU before a collective and after its output (and work) are dropped."""
+    torch.cuda.set_device(rank)
+    shard = torch.ones(256, device="cuda")
+    before = torch.cuda.memory_allocated()
+    gathered = torch.empty(256 * world_size, device="cuda")
+    dist.all_gather_into_tensor(gathered, shard)
+    dist.all_reduce(gathered)
+    del gathered
+    return before, torch.cuda.memory_allocated()
+
+
+def test_a_dropped_collective_output_frees_its_memory():
+    """The group keeps no work (which holds the outputs) outside a coalescing manager: ZeRO's gathered parameters
+    must not stay on the GPU between steps (chapter 8's test saw 4608 bytes where 3072 fit)."""
+    with course.emulate(gpus=2):
+        for before, after in course.run_threads(_dropped_outputs, 2, backend="nccl"):
+            assert after == before
+
+
 def test_mixing_devices_in_python_still_fails_as_on_a_gpu():
     with course.emulate(gpus=2):
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
