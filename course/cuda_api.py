@@ -87,6 +87,12 @@ class Stream(torch._C.Stream):
         return getattr(self, "_priority", 0)
 
     @property
+    def cuda_stream(self) -> int:
+        """The `cudaStream_t` handle as an int: 0 for a default stream (CUDA's legacy null stream, on every
+        device), else a made-up handle unique to the stream; nothing can be launched on it outside PyTorch."""
+        return 0 if self.stream_id == 0 else (self.device_index + 1) << 32 | self.stream_id
+
+    @property
     def _ready_ns(self) -> int:
         return _emu().clock.stream_ready(self.device_index, self.stream_id)
 
@@ -307,11 +313,11 @@ class _LegacyTensorMeta(type):
 
 
 def _legacy_tensor_type(name: str, dtype: torch.dtype):
-    """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2])`: the CPU constructor's tensor, on the
-    current GPU (a copy from the host, as the legacy constructor does for data)."""
+    """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2], device=1)`: the CPU constructor's tensor, on
+    the current GPU or `device` (a copy from the host, as the legacy constructor does for data)."""
 
-    def __new__(cls, *args, **kwargs):
-        return getattr(torch, name)(*args, **kwargs).cuda()
+    def __new__(cls, *args, device=None, **kwargs):
+        return getattr(torch, name)(*args, **kwargs).cuda(device)
 
     return _LegacyTensorMeta(name, (), {"__new__": __new__, "dtype": dtype, "is_cuda": True,
                                         "__module__": "torch.cuda"})

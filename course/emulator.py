@@ -108,6 +108,7 @@ class Emulator:
         self._patch(torch.nn.parallel.DistributedDataParallel, nccl.DDP_PATCHES)
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
+        self._patch(torch.nn.parallel._functions.Scatter, collectives.SCATTER_PATCHES)
         # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
         self._patch(importlib.import_module("torch.nn.parallel.parallel_apply"),
                     {"threading": _EMULATED_THREADING})
