@@ -12,7 +12,7 @@ import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
 from course import attention, costs
-from course.devices import CPU, KEEP_FRAMES, EmulatedTensor, current_emulator, wrap
+from course.devices import CPU, KEEP_FRAMES, EmulatedTensor, current_emulator, device_name, wrap
 from course.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 
 
@@ -90,7 +90,7 @@ def _create_on_device(func, device, args, kwargs):
         shape_only = func(*args, **dict(kwargs, device="meta"))
         nbytes = shape_only.numel() * shape_only.element_size()
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else func(*args, **dict(kwargs, device="cpu"))
+        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
     if func in _FROM_HOST_DATA:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
@@ -101,6 +101,18 @@ def _create_on_device(func, device, args, kwargs):
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
     return wrap(inner.detach(), index, block, requires_grad)
+
+
+def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
+    """The values of a new GPU tensor, held in this computer's memory, which may be smaller than the GPU's."""
+    try:
+        return func(*args, **dict(kwargs, device="cpu"))
+    except RuntimeError as error:
+        if "can't allocate memory" not in str(error):
+            raise
+        raise MemoryError(f"The emulated GPU has room for this {nbytes / 2**30:.2f} GiB tensor, but the computer "
+                          "running the emulator cannot hold its values: use course.emulate(..., materialize=False) "
+                          "to work with shapes, times and memory only.") from None
 
 
 def _is_index(value) -> bool:
@@ -239,8 +251,25 @@ def _type(self, dtype=None, non_blocking=False, **kwargs):
             return f"torch.cuda.{_unwrap(self).type().split('.')[-1]}"
         with torch._C.DisableTorchFunctionSubclass():
             return torch.Tensor.type(self)
-    with torch._C.DisableTorchFunctionSubclass():
-        return torch.Tensor.type(self, dtype, non_blocking, **kwargs)
+    if isinstance(dtype, torch.dtype):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.type(self, dtype, non_blocking, **kwargs)
+    return _to_legacy_type(self, dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}",
+                           non_blocking)
+
+
+def _to_legacy_type(tensor, name: str, non_blocking: bool):
+    """`x.type(torch.cuda.DoubleTensor)`, `x.type("torch.FloatTensor")`: a legacy type names a device type as
+    well as a dtype, so a GPU tensor given a CPU type comes to the host, and a CPU one given a CUDA type goes
+    to the current GPU (PyTorch's THPVariable_type)."""
+    module, _, base = name.rpartition(".")
+    if module not in ("torch", "torch.cuda") or not isinstance(getattr(torch, base, None), type):
+        raise ValueError(f"invalid type: '{name}'")
+    if module == "torch":
+        index = CPU
+    else:
+        index = device_of(tensor) if device_of(tensor) != CPU else current_emulator("Tensor.type").current_device()
+    return _to(tensor, device_name(index), getattr(torch, base).dtype, non_blocking=non_blocking)
 
 
 _HANDLERS = {
