@@ -266,6 +266,15 @@ def synchronize(device=None) -> None:
     _emu().clock.synchronize([_index(device)])
 
 
+def _sleep(cycles: int) -> None:
+    """`torch.cuda._sleep`: a kernel that spins for `cycles` SM clock cycles on the current stream (PyTorch's
+    stream and event tests use it to keep a stream busy)."""
+    emu = _emu()
+    device = emu.current_device()
+    emu.clock.launch("kernel", "aten::_sleep", device, emu.current_stream_id(device),
+                     round(cycles / emu.gpu.boost_clock_ghz))
+
+
 def current_stream(device=None) -> Stream:
     index = _index(device)
     return Stream._existing(index, _emu().current_stream_id(index))
@@ -385,6 +394,7 @@ PATCHES = {
     "get_device_capability": get_device_capability,
     "is_bf16_supported": is_bf16_supported,
     "synchronize": synchronize,
+    "_sleep": _sleep,
     "Stream": Stream,
     "set_stream": set_stream,
     "current_stream": current_stream,
