@@ -245,6 +245,20 @@ def _record_stream(self, stream):
         raise RuntimeError("record_stream: expected a CUDA tensor, got a CPU tensor")
 
 
+def _set_data(self, new):
+    """`param.data = tensor` (weight-init and weight-tying code): the tensor keeps its identity, which optimizers and
+    autograd hold, and takes the new values, shape and dtype. The C++ assignment alone would leave an emulated
+    tensor its old values. Between the host and a GPU the Python class would have to change: not modelled."""
+    if isinstance(self, EmulatedTensor) != isinstance(new, EmulatedTensor):
+        raise RuntimeError(f"`tensor.data = other` with `tensor` on {self.device} and `other` on {new.device} is not "
+                           "modelled by the GPU emulator (course.emulate): move `other` to the tensor's device "
+                           "first, or move the module with .to(device).")
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.data.__set__(self, new)
+    if isinstance(self, EmulatedTensor):
+        self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
+
+
 def _type(self, dtype=None, non_blocking=False, **kwargs):
     if dtype is None:
         if isinstance(self, EmulatedTensor) and self.is_cuda:
@@ -287,6 +301,7 @@ _HANDLERS = {
     torch.Tensor.data_ptr: _data_ptr,
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
+    torch.Tensor.data.__set__: _set_data,
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
 }
 
