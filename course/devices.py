@@ -490,9 +490,20 @@ def run_kernel(emu, func, args, kwargs):
         elif info.returns_view and emulated:
             wrapped.append(wrap(o, device, emulated[0]._block))
         else:
-            block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
+            block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+def _storage_nbytes(tensor: torch.Tensor) -> int:
+    """Bytes a new result holds: its storage, or a sparse tensor's indices and values (`nn.Embedding(sparse=True)`'s
+    gradient)."""
+    if tensor.layout is torch.strided:
+        return tensor.untyped_storage().nbytes()
+    if tensor.layout is torch.sparse_coo:
+        return _storage_nbytes(tensor._indices()) + _storage_nbytes(tensor._values())
+    raise NotImplementedError(f"The GPU emulator does not model {tensor.layout} tensors on GPUs; run this part on a "
+                              "real GPU, or keep these tensors on the CPU.")
 
 
 def _channels_last_like_cudnn(out, args):

@@ -225,7 +225,10 @@ def _new_tensor(self, data, **kwargs):
 
 
 def _new(self, *args, **kwargs):
-    """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device."""
+    """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device; for a
+    sparse x, `x.new(indices, values, size)` (SparseAdam) is a sparse tensor made of them."""
+    if self.layout is torch.sparse_coo and args and isinstance(args[0], torch.Tensor):
+        return torch.sparse_coo_tensor(*args, **kwargs)
     device = kwargs.pop("device", None)
     if device is None and isinstance(self, EmulatedTensor):
         device = self.device
