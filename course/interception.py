@@ -262,6 +262,21 @@ def _set_data(self, new):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
 
 
+def _lengths_read_on_host(ctc_loss):
+    """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
+    them on the host (LossCTC.cpp), as the list overload called here does."""
+
+    def run(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
+        if isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor):
+            # routed again, so that the call the C++ below sees was given no CPU tensor (devices._from_torch_internals)
+            return handle_torch_function(ctc_loss, (log_probs, targets, input_lengths.tolist(),
+                                                    target_lengths.tolist()) + args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+
+    return run
+
+
 def _type(self, dtype=None, non_blocking=False, **kwargs):
     if dtype is None:
         if isinstance(self, EmulatedTensor) and self.is_cuda:
@@ -305,6 +320,8 @@ _HANDLERS = {
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
     torch.Tensor.data.__set__: _set_data,
+    torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
+    torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
 }
 

@@ -1,5 +1,5 @@
 """Single-GPU idioms of pytorch/examples-style scripts that once went wrong on emulated GPUs: a word-language-model
-Transformer trained with dropout and a causal mask, complex tensors with lazy conj() views, one_hot labels,
+Transformer trained with dropout and a causal mask, complex tensors with lazy conj() views, one_hot labels, CTC loss with lengths on the CPU,
 weights set through `param.data = ...`, a model cast with .half() and back while its outputs are alive, and
 sparse embedding gradients with SparseAdam."""
 import json
@@ -45,12 +45,16 @@ def language_model():
     return {"losses": losses, "sdpa_dropout_causal": sdpa.sum().item()}
 
 
-def complex_and_integers():
+def complex_integers_and_ctc():
     g = torch.Generator().manual_seed(2)
     z = torch.complex(torch.randn(6, generator=g), torch.randn(6, generator=g)).to(device)
     w = z.conj()
     labels = torch.tensor([0, 2, 1, 2], device=device)
-    return {"power": (z * w).real.sum().item(), "conj_imag": w.imag.sum().item(), "is_conj": w.is_conj(),
+    log_probs = torch.randn(12, 2, 5, generator=g).log_softmax(2).to(device).requires_grad_()
+    ctc = F.ctc_loss(log_probs, torch.tensor([[1, 2, 3], [4, 1, 2]], device=device), torch.tensor([12, 10]),
+                     torch.tensor([3, 2]))  # lengths on the CPU, as speech scripts keep them
+    ctc.backward()
+    return {"ctc": ctc.item(), "ctc_grad": log_probs.grad.abs().sum().item(),"power": (z * w).real.sum().item(), "conj_imag": w.imag.sum().item(), "is_conj": w.is_conj(),
             "vdot": torch.vdot(z, z).real.item(), "conj_matmul": (z.unsqueeze(0) @ w.unsqueeze(1)).real.item(),
             "neg_view_times_2": (w.imag * 2).sum().item(),
             "one_hot": F.one_hot(labels, 3).sum(0).tolist(), "one_hot_auto": F.one_hot(labels).shape[1]}
@@ -85,5 +89,5 @@ def sparse_embedding():
             "rows_touched": emb.weight.grad.coalesce().indices().flatten().tolist()}
 
 
-print("RESULT " + json.dumps({"lm": language_model(), "complex": complex_and_integers(),
+print("RESULT " + json.dumps({"lm": language_model(), "complex": complex_integers_and_ctc(),
                               "data": weights_by_data(), "sparse": sparse_embedding()}))
