@@ -1,7 +1,7 @@
 """Single-GPU idioms of pytorch/examples-style scripts that once went wrong on emulated GPUs: a word-language-model
-Transformer trained with dropout and a causal mask, complex tensors with lazy conj() views, one_hot labels, CTC loss with lengths on the CPU,
-weights set through `param.data = ...`, a model cast with .half() and back while its outputs are alive, and
-sparse embedding gradients with SparseAdam."""
+Transformer trained with dropout and a causal mask, complex tensors with lazy conj() views, one_hot labels, CTC loss
+with lengths on the CPU, weights set through `param.data = ...`, a model cast with .half() and back while its
+outputs are alive, and sparse embedding gradients with SparseAdam."""
 import json
 import math
 
