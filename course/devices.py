@@ -334,7 +334,8 @@ def _from_torch_internals() -> bool:
     while frame is not None:
         if frame.f_code is handle_torch_function.__code__:
             call = frame.f_locals
-            return call.get("func") in ENGINE_ENTRY_POINTS or not _host_tensor_among(call.get("args"), call.get("kwargs"))
+            return (call.get("func") in ENGINE_ENTRY_POINTS
+                    or not _host_tensor_among(call.get("args"), call.get("kwargs")))
         frame = frame.f_back
     return True
 

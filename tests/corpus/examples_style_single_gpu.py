@@ -54,7 +54,8 @@ def complex_integers_and_ctc():
     ctc = F.ctc_loss(log_probs, torch.tensor([[1, 2, 3], [4, 1, 2]], device=device), torch.tensor([12, 10]),
                      torch.tensor([3, 2]))  # lengths on the CPU, as speech scripts keep them
     ctc.backward()
-    return {"ctc": ctc.item(), "ctc_grad": log_probs.grad.abs().sum().item(),"power": (z * w).real.sum().item(), "conj_imag": w.imag.sum().item(), "is_conj": w.is_conj(),
+    return {"ctc": ctc.item(), "ctc_grad": log_probs.grad.abs().sum().item(),
+            "power": (z * w).real.sum().item(), "conj_imag": w.imag.sum().item(), "is_conj": w.is_conj(),
             "vdot": torch.vdot(z, z).real.item(), "conj_matmul": (z.unsqueeze(0) @ w.unsqueeze(1)).real.item(),
             "neg_view_times_2": (w.imag * 2).sum().item(),
             "one_hot": F.one_hot(labels, 3).sum(0).tolist(), "one_hot_auto": F.one_hot(labels).shape[1]}
