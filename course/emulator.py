@@ -158,7 +158,9 @@ class Emulator:
 
     def _patch(self, module, replacements: dict) -> None:
         for name, replacement in replacements.items():
-            self._saved.append((module, name, getattr(module, name, _ABSENT)))
+            # a class's own attribute as stored (a staticmethod stays one when put back), else the module's
+            original = vars(module).get(name, _ABSENT) if isinstance(module, type) else getattr(module, name, _ABSENT)
+            self._saved.append((module, name, original))
             setattr(module, name, replacement)
 
     def __enter__(self) -> "Emulator":
