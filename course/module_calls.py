@@ -7,8 +7,6 @@ few ops per call, so eager small-batch work is host-bound on fast GPUs, as on re
 """
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from course import costs, devices
@@ -31,52 +29,21 @@ def module_call(self, *args, **kwargs):
         clock.exit_module()
 
 
-class _SwapOnConversion:
-    """`torch.__future__`'s swap flag on while any thread converts a module: the flag is one for the whole process,
-    and emulated ranks are threads, so each thread restoring what it found would leave it on for good."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.depth = 0
-        self.before = False
-
-    def __enter__(self):
-        with self.lock:
-            if self.depth == 0:
-                self.before = torch.__future__.get_swap_module_params_on_conversion()
-                torch.__future__.set_swap_module_params_on_conversion(True)
-            self.depth += 1
-
-    def __exit__(self, *exc):
-        with self.lock:
-            self.depth -= 1
-            if self.depth == 0:
-                torch.__future__.set_swap_module_params_on_conversion(self.before)
-
-
-_SWAP_ON_CONVERSION = _SwapOnConversion()
-
-
 def module_apply(self, fn, recurse=True):
     """`nn.Module._apply` (what `.to()`, `.cuda()` and `.half()` run) with parameters swapped for their converted
     copies: assigning `param.data` cannot move a tensor between the host and an emulated GPU. Only there:
     `load_state_dict` must copy into the parameters in place, as on a GPU, or the references that DDP's reducer and
     autograd hold would break. A swap is refused while autograd holds a parameter (a forward pass's output still
-    alive, then `.half()`): this module's parameters then go by `param.data = ...`, as on a GPU (course/interception.py
-    `_set_data`); those already swapped come back unchanged, since converting twice changes nothing."""
-    with _SWAP_ON_CONVERSION:
-        try:
-            return _MODULE_APPLY(self, fn, recurse)
-        except RuntimeError as error:
-            if not str(error).startswith("_apply(): Couldn't swap"):
-                raise
-    with torch.no_grad():
-        for param in self._parameters.values():
-            if param is not None:
-                param.data = fn(param)
-                if param.grad is not None:
-                    param.grad.data = fn(param.grad)
-        for key, buffer in self._buffers.items():
-            if buffer is not None:
-                self._buffers[key] = fn(buffer)
-    return self
+    alive, then `.half()`): the conversions left then go by `param.data = ...`, as on a GPU (course/interception.py
+    `_set_data`); those already done come back unchanged, since converting twice changes nothing."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        return _MODULE_APPLY(self, fn, recurse)
+    except RuntimeError as error:
+        if not str(error).startswith("_apply(): Couldn't swap"):
+            raise
+        torch.__future__.set_swap_module_params_on_conversion(False)
+        return _MODULE_APPLY(self, fn, recurse=False)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
