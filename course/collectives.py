@@ -8,6 +8,7 @@ real values, and times from the ring alpha-beta model over the links NCCL's ring
 from __future__ import annotations
 
 import torch
+import torch.nn.parallel._functions
 
 from course import costs
 from course.devices import CPU, EmulatedTensor, current_emulator, wrap
@@ -71,11 +72,14 @@ def _new_on(emu, device: int, inner: torch.Tensor, ready_ns: int):
 # ---- torch.cuda.comm (what nn.parallel's Broadcast, Scatter, Gather, ReduceAddCoalesced call) ----
 
 def broadcast(tensor, devices=None, *, out=None):
-    """Copies of `tensor` on every device, by one NCCL-style broadcast from its GPU."""
+    """Copies of `tensor` on every device: one NCCL-style broadcast from its GPU, or a copy from the host to each."""
     emu = current_emulator("torch.cuda.comm.broadcast")
     if out is not None:
         devices = [o.get_device() for o in out]
     devices = [_gpu_index(d) for d in devices]
+    if device_of(tensor) == CPU:  # from the host, CUDA copies it to each GPU in turn
+        return [_raw_move(tensor, device, non_blocking=True) if out is None else out[i].copy_(tensor)
+                for i, device in enumerate(devices)]
     _check_collective("broadcast", [tensor])
     src = tensor._device_index
     end = _collective(emu, "nccl:broadcast", sorted(set(devices) | {src}),
@@ -202,6 +206,30 @@ def gather(tensors, dim=0, destination=None, *, out=None):
             out._block.ready_ns = ready
         return out
     return _new_on(emu, destination, joined, ready)
+
+
+_scatter_forward = torch.nn.parallel._functions.Scatter.forward
+_scatter_backward = torch.nn.parallel._functions.Scatter.backward
+
+
+def _scatter_remembering_devices(ctx, target_gpus, chunk_sizes, dim, input):
+    ctx.chunk_devices = [_gpu_index(device) for device in target_gpus]
+    return _scatter_forward(ctx, target_gpus, chunk_sizes, dim, input)
+
+
+def _scatter_gradients_on_gpus(ctx, *grad_outputs):
+    """nn.parallel's Scatter backward, after putting the zero gradients autograd makes for unused chunks on their
+    GPUs: autograd makes them with the CPU device the emulated chunks have underneath, and Gather refuses CPU."""
+    from course.interception import _create_on_device
+
+    grad_outputs = [grad if grad is None or isinstance(grad, EmulatedTensor) else
+                    _create_on_device(torch.zeros, device, (grad.shape,), {"dtype": grad.dtype})
+                    for grad, device in zip(grad_outputs, ctx.chunk_devices)]
+    return _scatter_backward(ctx, *grad_outputs)
+
+
+SCATTER_PATCHES = {"forward": staticmethod(_scatter_remembering_devices),
+                   "backward": staticmethod(_scatter_gradients_on_gpus)}
 
 
 COMM_PATCHES = {

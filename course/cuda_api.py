@@ -107,6 +107,12 @@ class Stream(torch._C.Stream):
         return getattr(self, "_priority", 0)
 
     @property
+    def cuda_stream(self) -> int:
+        """The `cudaStream_t` handle as an int: 0 for a default stream (CUDA's legacy null stream, on every
+        device), else a made-up handle unique to the stream; nothing can be launched on it outside PyTorch."""
+        return 0 if self.stream_id == 0 else (self.device_index + 1) << 32 | self.stream_id
+
+    @property
     def _ready_ns(self) -> int:
         return _emu().clock.stream_ready(self.device_index, self.stream_id)
 
@@ -280,6 +286,15 @@ def synchronize(device=None) -> None:
     _emu().clock.synchronize([_index(device)])
 
 
+def _sleep(cycles: int) -> None:
+    """`torch.cuda._sleep`: a kernel that spins for `cycles` SM clock cycles on the current stream (PyTorch's
+    stream and event tests use it to keep a stream busy)."""
+    emu = _emu()
+    device = emu.current_device()
+    emu.clock.launch("kernel", "aten::_sleep", device, emu.current_stream_id(device),
+                     round(cycles / emu.gpu.boost_clock_ghz))
+
+
 def current_stream(device=None) -> Stream:
     index = _index(device)
     return Stream._existing(index, _emu().current_stream_id(index))
@@ -327,11 +342,11 @@ class _LegacyTensorMeta(type):
 
 
 def _legacy_tensor_type(name: str, dtype: torch.dtype):
-    """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2])`: the CPU constructor's tensor, on the
-    current GPU (a copy from the host, as the legacy constructor does for data)."""
+    """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2], device=1)`: the CPU constructor's tensor, on
+    the current GPU or `device` (a copy from the host, as the legacy constructor does for data)."""
 
-    def __new__(cls, *args, **kwargs):
-        return getattr(torch, name)(*args, **kwargs).cuda()
+    def __new__(cls, *args, device=None, **kwargs):
+        return getattr(torch, name)(*args, **kwargs).cuda(device)
 
     return _LegacyTensorMeta(name, (), {"__new__": __new__, "dtype": dtype, "is_cuda": True,
                                         "__module__": "torch.cuda"})
@@ -399,6 +414,7 @@ PATCHES = {
     "get_device_capability": get_device_capability,
     "is_bf16_supported": is_bf16_supported,
     "synchronize": synchronize,
+    "_sleep": _sleep,
     "Stream": Stream,
     "set_stream": set_stream,
     "current_stream": current_stream,

@@ -14,6 +14,7 @@ import threading
 
 import torch
 import torch.utils._foreach_utils
+import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim import optimizer as _optimizer
 
@@ -86,6 +87,8 @@ class EmulatedTensor(torch.Tensor):
         tensor._inner = inner
         tensor._device_index = device_index
         tensor._block = block
+        if inner.is_conj() or inner.is_neg():  # lazy conj()/imag views: the bit must be where the dispatcher sees it
+            _copy_math_bits(tensor, inner)
         return tensor
 
     @property
@@ -232,6 +235,14 @@ def _format(tensor: EmulatedTensor) -> str:
     return torch._tensor_str._add_suffixes(prefix + body, suffixes, len(prefix), False)
 
 
+def _copy_math_bits(tensor: torch.Tensor, inner: torch.Tensor) -> None:
+    """`z.conj()` and `z.conj().imag` are views with a conjugate or negative bit that ops resolve before their
+    kernel runs. Inside `__torch_dispatch__` that resolution is switched off, so a kernel handed the inner tensor
+    would read it unconjugated: the wrapper carries the bit instead, and PyTorch resolves it before dispatching."""
+    torch._C._set_conj(tensor, inner.is_conj())
+    torch._C._set_neg(tensor, inner.is_neg())
+
+
 def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
     return EmulatedTensor(inner, device_index, block, requires_grad)
 
@@ -318,7 +329,9 @@ def _from_torch_internals() -> bool:
 
     A learner's `gpu_tensor + cpu_tensor` passes through `EmulatorMode` (or `handle_torch_function`) and must fail
     as on a GPU; the same mix issued by the autograd engine or DDP's reducer (inside `backward()`, or from C++
-    with no Python torch call in between) is PyTorch's own bookkeeping and must work.
+    with no Python torch call in between) is PyTorch's own bookkeeping and must work. So must the tensors a
+    composite op's C++ makes for itself (`one_hot`'s zeros, SDPA's causal mask) when the call was given no
+    CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath.
     """
     if torch._C._current_autograd_node() is not None:
         return True
@@ -328,9 +341,18 @@ def _from_torch_internals() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code is routing or frame.f_code is mode:
-            return frame.f_locals.get("func") in ENGINE_ENTRY_POINTS
+            call = frame.f_locals
+            return (call.get("func") in ENGINE_ENTRY_POINTS
+                    or not _host_tensor_among(call.get("args"), call.get("kwargs")))
         frame = frame.f_back
     return True
+
+
+def _host_tensor_among(args, kwargs) -> bool:
+    """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device)."""
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    return any(isinstance(t, torch.Tensor) and t.dim() > 0 and
+               (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu") for t in leaves)
 
 
 # Plain CPU tensors that PyTorch's C++ uses as GPU memory (DDP's buckets): when their contents are ready,
@@ -493,9 +515,20 @@ def run_kernel(emu, func, args, kwargs):
         elif info.returns_view and emulated:
             wrapped.append(EmulatedTensor(o, device, emulated[0]._block))
         else:
-            block = emu.memory.allocate(device, o.untyped_storage().nbytes(), end_ns)
+            block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+def _storage_nbytes(tensor: torch.Tensor) -> int:
+    """Bytes a new result holds: its storage, or a sparse tensor's indices and values (`nn.Embedding(sparse=True)`'s
+    gradient)."""
+    if tensor.layout is torch.strided:
+        return tensor.untyped_storage().nbytes()
+    if tensor.layout is torch.sparse_coo:
+        return _storage_nbytes(tensor._indices()) + _storage_nbytes(tensor._values())
+    raise NotImplementedError(f"The GPU emulator does not model {tensor.layout} tensors on GPUs; run this part on a "
+                              "real GPU, or keep these tensors on the CPU.")
 
 
 def _channels_last_like_cudnn(out, args):

@@ -122,6 +122,7 @@ class Emulator:
         self._patch(torch.nn.parallel.DistributedDataParallel, nccl.DDP_PATCHES)
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
+        self._patch(torch.nn.parallel._functions.Scatter, collectives.SCATTER_PATCHES)
         # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
         self._patch(importlib.import_module("torch.nn.parallel.parallel_apply"),
                     {"threading": _EMULATED_THREADING})
@@ -171,7 +172,9 @@ class Emulator:
 
     def _patch(self, module, replacements: dict) -> None:
         for name, replacement in replacements.items():
-            self._saved.append((module, name, getattr(module, name, _ABSENT)))
+            # a class's own attribute as stored (a staticmethod stays one when put back), else the module's
+            original = vars(module).get(name, _ABSENT) if isinstance(module, type) else getattr(module, name, _ABSENT)
+            self._saved.append((module, name, original))
             setattr(module, name, replacement)
 
     def __enter__(self) -> "Emulator":

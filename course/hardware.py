@@ -113,6 +113,12 @@ CONV_TENSOR_CORE_EFFICIENCY = 0.45
 CONV_NCHW_TRANSPOSE_PASSES = 1
 
 
+# FP32 multiply-adds per clock per SM, by compute capability: CUDA C++ Programming Guide, "Arithmetic
+# Instructions" throughput table (https://docs.nvidia.com/cuda/cuda-c-programming-guide/#arithmetic-instructions),
+# row "32-bit floating-point add, multiply, multiply-add".
+FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 9): 128, (9, 0): 128}
+
+
 @dataclass(frozen=True)
 class GPU:
     """One GPU model: what torch reports about it, and what its kernels can reach."""
@@ -127,6 +133,13 @@ class GPU:
     matmul_efficiency: float
     memory_efficiency: float
     kernel_min_us: float
+
+    @property
+    def boost_clock_ghz(self) -> float:
+        """The SM clock that the FP32 peak is quoted at: peak = 2 FLOPs per FMA x FP32 lanes per SM x SMs x clock.
+        Gives the datasheet boost clocks (A100 1.41, V100 1.53, H100 SXM 1.98, RTX 4090 2.52 GHz)."""
+        lanes = FP32_LANES_PER_SM[self.compute_capability]
+        return self.peak_tflops["fp32"] * 1e3 / (2 * lanes * self.multi_processor_count)
 
 
 @dataclass(frozen=True)

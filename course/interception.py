@@ -12,7 +12,7 @@ import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
 from course import attention, costs
-from course.devices import CPU, KEEP_FRAMES, EmulatedTensor, current_emulator, wrap
+from course.devices import CPU, KEEP_FRAMES, EmulatedTensor, current_emulator, device_name, wrap
 from course.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 
 
@@ -90,7 +90,7 @@ def _create_on_device(func, device, args, kwargs):
         shape_only = func(*args, **dict(kwargs, device="meta"))
         nbytes = shape_only.numel() * shape_only.element_size()
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else func(*args, **dict(kwargs, device="cpu"))
+        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
     if func in _FROM_HOST_DATA:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
@@ -101,6 +101,18 @@ def _create_on_device(func, device, args, kwargs):
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
     return wrap(inner.detach(), index, block, requires_grad)
+
+
+def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
+    """The values of a new GPU tensor, held in this computer's memory, which may be smaller than the GPU's."""
+    try:
+        return func(*args, **dict(kwargs, device="cpu"))
+    except RuntimeError as error:
+        if "can't allocate memory" not in str(error):
+            raise
+        raise MemoryError(f"The emulated GPU has room for this {nbytes / 2**30:.2f} GiB tensor, but the computer "
+                          "running the emulator cannot hold its values: use course.emulate(..., materialize=False) "
+                          "to work with shapes, times and memory only.") from None
 
 
 def _is_index(value) -> bool:
@@ -213,7 +225,10 @@ def _new_tensor(self, data, **kwargs):
 
 
 def _new(self, *args, **kwargs):
-    """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device."""
+    """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device; for a
+    sparse x, `x.new(indices, values, size)` (SparseAdam) is a sparse tensor made of them."""
+    if self.layout is torch.sparse_coo and args and isinstance(args[0], torch.Tensor):
+        return torch.sparse_coo_tensor(*args, **kwargs)
     device = kwargs.pop("device", None)
     if device is None and isinstance(self, EmulatedTensor):
         device = self.device
@@ -233,14 +248,60 @@ def _record_stream(self, stream):
         raise RuntimeError("record_stream: expected a CUDA tensor, got a CPU tensor")
 
 
+def _set_data(self, new):
+    """`param.data = tensor` (weight-init and weight-tying code): the tensor keeps its identity, which optimizers and
+    autograd hold, and takes the new values, shape and dtype. The C++ assignment alone would leave an emulated
+    tensor its old values. Between the host and a GPU the Python class would have to change: not modelled."""
+    if isinstance(self, EmulatedTensor) != isinstance(new, EmulatedTensor):
+        raise RuntimeError(f"`tensor.data = other` with `tensor` on {self.device} and `other` on {new.device} is not "
+                           "modelled by the GPU emulator (course.emulate): move `other` to the tensor's device "
+                           "first, or move the module with .to(device).")
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.data.__set__(self, new)
+    if isinstance(self, EmulatedTensor):
+        self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
+
+
+def _lengths_read_on_host(ctc_loss):
+    """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
+    them on the host (LossCTC.cpp), as the list overload called here does."""
+
+    def run(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
+        if isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor):
+            # routed again, so that the call the C++ below sees was given no CPU tensor (devices._from_torch_internals)
+            return handle_torch_function(ctc_loss, (log_probs, targets, input_lengths.tolist(),
+                                                    target_lengths.tolist()) + args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+
+    return run
+
+
 def _type(self, dtype=None, non_blocking=False, **kwargs):
     if dtype is None:
         if isinstance(self, EmulatedTensor) and self.is_cuda:
             return f"torch.cuda.{_unwrap(self).type().split('.')[-1]}"
         with torch._C.DisableTorchFunctionSubclass():
             return torch.Tensor.type(self)
-    with torch._C.DisableTorchFunctionSubclass():
-        return torch.Tensor.type(self, dtype, non_blocking, **kwargs)
+    if isinstance(dtype, torch.dtype):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.type(self, dtype, non_blocking, **kwargs)
+    return _to_legacy_type(self, dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}",
+                           non_blocking)
+
+
+def _to_legacy_type(tensor, name: str, non_blocking: bool):
+    """`x.type(torch.cuda.DoubleTensor)`, `x.type("torch.FloatTensor")`: a legacy type names a device type as
+    well as a dtype, so a GPU tensor given a CPU type comes to the host, and a CPU one given a CUDA type goes
+    to the current GPU (PyTorch's THPVariable_type)."""
+    module, _, base = name.rpartition(".")
+    if module not in ("torch", "torch.cuda") or not isinstance(getattr(torch, base, None), type):
+        raise ValueError(f"invalid type: '{name}'")
+    if module == "torch":
+        index = CPU
+    else:
+        index = device_of(tensor) if device_of(tensor) != CPU else current_emulator("Tensor.type").current_device()
+    return _to(tensor, device_name(index), getattr(torch, base).dtype, non_blocking=non_blocking)
 
 
 _HANDLERS = {
@@ -258,6 +319,9 @@ _HANDLERS = {
     torch.Tensor.data_ptr: _data_ptr,
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
+    torch.Tensor.data.__set__: _set_data,
+    torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
+    torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
 }
 

@@ -17,6 +17,7 @@ import torch
 # torch.cuda.memory_allocated() reports sizes rounded up to that.
 ALLOCATION_GRANULARITY_BYTES = 512
 SMALL_POOL_MAX_BYTES = 2**20  # kSmallSize in CUDACachingAllocator: larger requests go to the large pool
+ONE_EXABYTE = 2**60  # c10/cuda/CUDACachingAllocator.cpp, one_exa_bytes
 _POOLS = ("all", "small_pool", "large_pool")
 _ADDRESS_BASE = 0x7F0000000000  # made-up device addresses for memory_snapshot(), 1 TiB apart per GPU
 
@@ -132,6 +133,8 @@ class DeviceMemory:
         if allocated + nbytes <= self.limit(device):
             return
         self._stats[device].num_ooms += 1
+        if nbytes >= ONE_EXABYTE:  # CUDACachingAllocator::allocate refuses these before looking at the GPU
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
         free = self.capacity_bytes - allocated
         allowed = f"{format_bytes(self.limit(device))} allowed; " if self.fraction[device] < 1.0 else ""
         raise torch.cuda.OutOfMemoryError(

@@ -36,9 +36,12 @@ def module_call(self, *args, **kwargs):
 
 def module_apply(self, fn, recurse=True):
     """`nn.Module._apply` (what `.to()`, `.cuda()` and `.half()` run) with parameters swapped for their converted
-    copies: assigning `param.data` would drop the fake device. Only there: `load_state_dict` must copy into the
-    parameters in place, as on a GPU, or the references that DDP's reducer and autograd hold would break. The flag
-    is global, so calls under way are counted: rank threads convert at once, and each restoring what it saw would
+    copies: assigning `param.data` cannot move a tensor between the host and an emulated GPU. Only there:
+    `load_state_dict` must copy into the parameters in place, as on a GPU, or the references that DDP's reducer and
+    autograd hold would break. A swap is refused while autograd holds a parameter (a forward pass's output still
+    alive, then `.half()`): the conversions left then go by `param.data = ...`, as on a GPU (course/interception.py
+    `_set_data`); those already done come back unchanged, since converting twice changes nothing. The flag is
+    global, so calls under way are counted: rank threads convert at once, and each restoring what it saw would
     leave the flag on after the last one."""
     global _applying, _flag_before
     with _swapping:
@@ -48,6 +51,11 @@ def module_apply(self, fn, recurse=True):
         _applying += 1
     try:
         return _MODULE_APPLY(self, fn, recurse)
+    except RuntimeError as error:
+        if not str(error).startswith("_apply(): Couldn't swap"):
+            raise
+        torch.__future__.set_swap_module_params_on_conversion(False)
+        return _MODULE_APPLY(self, fn, recurse=False)
     finally:
         with _swapping:
             _applying -= 1
