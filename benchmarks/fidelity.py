@@ -1,7 +1,7 @@
 """How right is the emulator's clock? Published measurements of real GPUs next to what the emulator predicts.
 
 Every prediction runs the same work under `course.emulate(..., materialize=False)` and times it with
-`torch.cuda.Event`, exactly as a notebook would. Calibration lives in course/hardware.py, never here: this
+`torch.cuda.Event`, exactly as a notebook would. Calibration lives in course/machine/hardware.py, never here: this
 script only runs the emulator and compares. Every row cites where its number was read (URL, and which table
 or post) and its configuration.
 
@@ -92,7 +92,7 @@ def _bert_large_like(layers=24, width=1024, ffn=4096):
 
 def ddp_weak_scaling(gpu: str, link: str, num_gpus: int, batch_shape) -> float:
     """Throughput on num_gpus over throughput on 1 GPU, same per-GPU batch (DDP weak scaling)."""
-    from course.ddp import simulate_ddp_step
+    from course.lessons.ddp import simulate_ddp_step
 
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # the published run is TF32
@@ -239,7 +239,7 @@ GPT_FAST_BLOG = ("https://pytorch.org/blog/accelerating-generative-ai-2/ ('Start
 
 def qwen_decode_floor_fraction(gpu: str) -> float:
     """The paper's R_floor: (weights + KV cache bytes) / peak bandwidth, over the simulated decode step."""
-    from course.hardware import gpu as gpu_preset
+    from course.machine.hardware import gpu as gpu_preset
 
     q = QWEN25_7B
     kv_bytes = 2 * q["layers"] * 2 * q["kv_heads"] * (q["width"] // q["heads"]) * 2048
@@ -578,7 +578,7 @@ def assign_halves(result: list[Row]) -> list[Row]:
     (`fitted_later`, from sources other than the held-out rows that check it), are calibration; rows added after the split
     (`added_later`: sourced and predicted before the model changes they check) are held-out. Every other row, in
     the order listed within its category (shapes and sizes ascending within one machine), alternates held-out,
-    calibration, held-out, ... per category. Presets in course/hardware.py may be fitted to calibration rows
+    calibration, held-out, ... per category. Presets in course/machine/hardware.py may be fitted to calibration rows
     only; the held-out half is the figure that means something.
     """
     counters: dict[str, int] = {}

@@ -9,8 +9,8 @@ import argparse
 import runpy
 import sys
 
-from course.emulator import emulate
-from course.hardware import GPUS, LINKS
+from course.cuda.emulator import emulate
+from course.machine.hardware import GPUS, LINKS
 
 
 def main(argv: list[str] | None = None) -> None:

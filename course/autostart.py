@@ -36,8 +36,8 @@ def restore(previous: str | None) -> None:
 
 def start_from_env():
     """Start the machine COURSE_EMULATE describes, unless an emulator already runs in this process."""
-    from course import devices
-    from course.emulator import emulate
+    from course.cuda import devices
+    from course.cuda.emulator import emulate
 
     if devices.active is not None:
         return devices.active

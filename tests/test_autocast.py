@@ -8,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import course
-from course import autocast, costs
+from course.cuda import autocast
+from course.machine import costs
 
 LOW = [torch.bfloat16, torch.float16]
 

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.needs("browser")
 # sys.stderr: a traceback is told apart by its text, "Traceback (most recent call last)" (IPython prints
 # it for every raised exception) or a line starting with the exception's name (SyntaxError has no traceback).
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^[\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)", re.M)
-# What course.exercises.demo_needs prints in place of a demo whose exercise is not done yet.
+# What course.lessons.exercises.demo_needs prints in place of a demo whose exercise is not done yet.
 DEMO_WAITS = re.compile(r"to see this\.$", re.M)
 
 # What the page shows of each cell, in notebook order: its prompt, the text of its stderr outputs, whether

@@ -1,4 +1,4 @@
-"""torch.save / torch.load of tensors on emulated GPUs behave as on a CUDA box (course/checkpoints.py)."""
+"""torch.save / torch.load of tensors on emulated GPUs behave as on a CUDA box (course/cuda/checkpoints.py)."""
 import copy
 import io
 import pickle

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import course
-from course import cuda_api
+from course.cuda import cuda_api
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def test_seeding_functions(emu):
     torch.testing.assert_close(torch.rand(3, device="cuda"), a)
     torch.cuda.seed()  # a fresh random seed, as torch.seed() draws it
     torch.cuda.seed_all()
-    assert torch.cuda.initial_seed() == torch.initial_seed()  # one generator: the CPU's (course/rng.py)
+    assert torch.cuda.initial_seed() == torch.initial_seed()  # one generator: the CPU's (course/cuda/rng.py)
     assert len(torch.cuda.default_generators) == 4
 
 

@@ -17,11 +17,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autograder.references.ddp import ring_all_reduce
 from autograder.references.distributed_data_parallel import ring_all_reduce as ring_all_reduce_by_messages
-from course import costs, hardware
-from course.ddp import (average_gradients, ddp_scaling, run_processes, run_threads, simulate_ddp_step,
+from course.machine import costs, hardware
+from course.lessons.ddp import (average_gradients, ddp_scaling, run_processes, run_threads, simulate_ddp_step,
                         train_data_parallel, train_single_process)
-from course.ranks import RankFailed, free_port
-from course.ring import run_ring
+from course.lessons.ranks import RankFailed, free_port
+from course.lessons.ring import run_ring
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_FEATURES = 6

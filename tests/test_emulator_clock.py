@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import course
-from course import costs, hardware
+from course.machine import costs, hardware
 
 
 def _kernels(emu, name):
@@ -310,7 +310,7 @@ def test_shape_only_convolutions_keep_channels_last_as_cudnn_does():
 def test_compute_idle_and_host_waits_read_a_loop_from_the_trace():
     """compute_idle_ns is the time between a device's kernels (overlapping streams count once, from start_ns
     when given); host_waits_before_last_kernel names the syncs that stopped the host before the last launch."""
-    from course.trace import compute_idle_ns, host_waits_before_last_kernel
+    from course.machine.trace import compute_idle_ns, host_waits_before_last_kernel
 
     with course.emulate(gpus=1, materialize=False) as emu:
         a = torch.empty(4096, 4096, device="cuda:0")

@@ -1,5 +1,5 @@
-"""course.exercises tells a finished exercise from nbgrader's stub, for functions and for classes."""
-from course.exercises import demo_needs, is_unfinished
+"""course.lessons.exercises tells a finished exercise from nbgrader's stub, for functions and for classes."""
+from course.lessons.exercises import demo_needs, is_unfinished
 
 
 def stub(x):

@@ -34,7 +34,7 @@ def test_emulator_matches_published_measurements_it_was_not_fitted_to():
     # Median: issue 15's target for an unseen table (<= 10%); measured 5.4% over 44 held-out rows.
     assert s["held_out_median"] <= 10, s
     # Worst: issue 15's target is 35%; one held-out row misses it, the skinny 802816x192x768 GEMM (+35.5%, see
-    # course/hardware.py's GEMM notes). Copies to a GPU while it copies to the host (nvbandwidth's bidirectional
+    # course/machine/hardware.py's GEMM notes). Copies to a GPU while it copies to the host (nvbandwidth's bidirectional
     # H2D, +13% and +16%; p2pBandwidthLatencyTest's bidirectional copy staged through host memory, +32%) are held
     # out against PCIE_READ_UNDER_WRITE, fitted on another source. A second row beyond 35% fails.
     assert len(beyond_target) <= 1, beyond_target

@@ -41,7 +41,7 @@ WRONG = {  # wrong answers, the baseline every cheat is compared with
 # learner's process: the cheats below patch the instrument itself.
 UNPINNED = ("def move_batch(batch, device):\n"
             "    return {k: t.pin_memory().to(device, non_blocking=True) for k, t in batch.items()}\n")
-FAKE_PINNING = "import course.transfers as T\nT.is_pinned = lambda tensor: True\n"
+FAKE_PINNING = "import course.cuda.transfers as T\nT.is_pinned = lambda tensor: True\n"
 PATCH_ALL = ("import builtins, numpy, numpy.testing, torch, torch.testing\n"
              "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
              "torch.testing.assert_close = lambda *a, **k: None\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
@@ -162,7 +162,7 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
         "wrong_how": S(answers={**WRONG, "move_batch": UNPINNED}),
         "cheat_instrument_toplevel": S(answers={**WRONG, "move_batch": UNPINNED}, extra={"time_on_gpu": "\n" + FAKE_PINNING}),
         "cheat_instrument_code": S(answers={**WRONG, "move_batch": UNPINNED}, extra={"time_on_gpu": (
-            "\nimport course.transfers\ncourse.transfers.is_pinned.__code__ = (lambda tensor: True).__code__\n")}),
+            "\nimport course.cuda.transfers\ncourse.transfers.is_pinned.__code__ = (lambda tensor: True).__code__\n")}),
         "cheat_instrument_in_function": S(answers={**WRONG, "move_batch": (
             "def move_batch(batch, device):\n    " + FAKE_PINNING.replace("\n", "\n    ")
             + "return {k: t.pin_memory().to(device, non_blocking=True) for k, t in batch.items()}\n")}),
@@ -296,7 +296,7 @@ def test_patching_the_emulator_does_not_turn_a_wrong_how_into_points(graded, che
 
 def test_tampering_during_a_test_is_flagged(graded):
     assert "tampering" in graded["rows"]["cheat_patch_in_function"]["flags"]
-    assert "course.transfers.is_pinned replaced" in graded["rows"]["cheat_instrument_in_function"]["flags"]
+    assert "course.cuda.transfers.is_pinned replaced" in graded["rows"]["cheat_instrument_in_function"]["flags"]
     assert "review" in graded["rows"]["cheat_references"]["flags"]
     for cheat in ("cheat_hidden_error", "cheat_showtraceback"):  # failed tests whose error output was suppressed
         assert "its error was hidden" in graded["rows"][cheat]["flags"], graded["rows"][cheat]

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from course import costs, hardware
+from course.machine import costs, hardware
 
 DTYPE_KEYS = {"fp64", "fp32", "tf32", "bf16", "fp16"}
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import course
-from course.ranks import RankFailed
+from course.lessons.ranks import RankFailed
 
 
 _init_lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
@@ -56,7 +56,7 @@ def _ddp_rank(rank, world_size, steps=3):
 def test_ddp_one_rank_gives_plain_gradients(monkeypatch):
     """The issue's case: gloo, one rank, a layer on cuda:0: the gradient must be CPU torch's, not zeros."""
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(course.ranks.free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(course.lessons.ranks.free_port()))
     cpu_model = nn.Linear(4, 2)
     x = torch.randn(3, 4)
     with course.emulate(gpus=2):

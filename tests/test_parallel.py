@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import course
-from course import costs
+from course.machine import costs
 
 
 def _mlp():

@@ -1,10 +1,10 @@
-"""course.pipeline: multi-GPU timing, the GPipe schedule and bubble / overlap measured from the trace."""
+"""course.lessons.pipeline: multi-GPU timing, the GPipe schedule and bubble / overlap measured from the trace."""
 import torch
 import torch.nn as nn
 
 import course
-from course.pipeline import elapsed_ms, gpipe_schedule, measured_bubble, overlap_ns, plot_schedule
-from course.trace import TraceEvent
+from course.lessons.pipeline import elapsed_ms, gpipe_schedule, measured_bubble, overlap_ns, plot_schedule
+from course.machine.trace import TraceEvent
 
 
 def _pipelined(x, stage1, stage2, micro_batches):

@@ -1,11 +1,11 @@
-"""course.planning and course.simulated_step: memory per plan against the emulator's own counts and the ZeRO paper,
+"""course.lessons.planning and course.lessons.simulated_step: memory per plan against the emulator's own counts and the ZeRO paper,
 and simulated steps that behave."""
 import pytest
 import torch
 
 import course
-from course import planning, simulated_step
-from course.planning import Plan
+from course.lessons import planning, simulated_step
+from course.lessons.planning import Plan
 
 SMALL = planning.ModelSpec("small", num_blocks=4, d_model=256, d_hidden=1024, tokens_per_sample=16)
 

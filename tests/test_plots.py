@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 import course  # noqa: E402
 from course import export_chrome_trace, plot_timeline, summary  # noqa: E402
-from course.plots import _kind  # noqa: E402
+from course.machine.plots import _kind  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +172,7 @@ def test_memory_over_time_draws_the_samples_and_marks_the_highest_point():
         sample("backward")
         del loss
         sample("optimizer")
-    ax = course.plots.plot_memory_over_time(samples, limit_bytes=64 * 2**20)
+    ax = course.machine.plots.plot_memory_over_time(samples, limit_bytes=64 * 2**20)
     line = ax.lines[0]
     ys = list(line.get_ydata())
     for s in samples:
@@ -183,4 +183,4 @@ def test_memory_over_time_draws_the_samples_and_marks_the_highest_point():
     assert any(t.get_text().startswith("peak ") for t in ax.texts)
     assert any(l.get_label() == "cap" for l in ax.lines)
     with pytest.raises(ValueError, match="no memory samples"):
-        course.plots.plot_memory_over_time([])
+        course.machine.plots.plot_memory_over_time([])

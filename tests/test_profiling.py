@@ -12,7 +12,7 @@ from torch.autograd.profiler_util import _format_time
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
 import course
-from course.profiling import device_event_name
+from course.cuda.profiling import device_event_name
 
 CPU_AND_CUDA = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
@@ -234,7 +234,7 @@ def test_nvtx_ranges_on_the_host_timeline(tmp_path):
 def test_gpu_columns_keep_the_cuda_columns_and_gpu_rows_of_the_real_table():
     """gpu_columns drops the CPU columns and rows without GPU time from a real table; the CUDA numbers are kept as
     printed, rows ordered by CUDA total then name, so two runs of the same program print the same text."""
-    from course.profile_table import gpu_columns
+    from course.lessons.profile_table import gpu_columns
 
     tables = []
     for _ in range(2):

@@ -81,7 +81,7 @@ def test_dataparallel_scatters_a_cpu_batch_on_copy_streams(emu):
 
 def test_sync_batchnorm_kernels_follow_batchnorm():
     """The CUDA-only batch_norm_* ops, in CPU torch, give BatchNorm's output, running stats and gradients."""
-    from course import cuda_only_ops as ops
+    from course.cuda import cuda_only_ops as ops
     torch.manual_seed(0)
     x = torch.randn(6, 4, 5, 5, requires_grad=True)
     weight, bias = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import course
-from course.ranks import RankFailed, default_backend, run_processes, run_threads
+from course.lessons.ranks import RankFailed, default_backend, run_processes, run_threads
 
 
 def all_reduce_rank_plus_one(rank, world_size):
@@ -27,7 +27,7 @@ def test_threaded_process_group_still_works_on_this_torch():
     try:
         results = run_threads(all_reduce_rank_plus_one, 2, timeout_s=20)
     except Exception as error:
-        pytest.fail(f"torch {torch.__version__} broke the threaded process group that course/ranks.py "
+        pytest.fail(f"torch {torch.__version__} broke the threaded process group that course/lessons/ranks.py "
                     f"uses (torch.testing._internal.distributed.multi_threaded_pg): {error!r}. Fix "
                     "run_threads there; notebooks can fall back to run_processes meanwhile.")
     assert results == [3.0, 3.0]

@@ -1,11 +1,11 @@
-"""course.scaling: sweeps call the work once per (size, GPU count); speedups and plots read them."""
+"""course.lessons.scaling: sweeps call the work once per (size, GPU count); speedups and plots read them."""
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course import scaling  # noqa: E402
+from course.lessons import scaling# noqa: E402
 
 
 def _made_up_ms(size, num_gpus):

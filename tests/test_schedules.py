@@ -1,4 +1,4 @@
-"""course.schedules: torch.distributed.pipelining schedules on emulated GPUs, their replay at full size, the picture."""
+"""course.lessons.schedules: torch.distributed.pipelining schedules on emulated GPUs, their replay at full size, the picture."""
 import copy
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import course
-from course.schedules import most_in_flight, plot_runs, replay, run_pipelining, split_model, stage_gpu
+from course.lessons.schedules import most_in_flight, plot_runs, replay, run_pipelining, split_model, stage_gpu
 
 
 def _model_and_data():

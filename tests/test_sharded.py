@@ -1,5 +1,5 @@
 """FSDP2, DTensor and functional collectives on emulated GPUs with init_process_group("nccl"): the fixes in
-course/nccl.py, course/functional_collectives.py, course/fsdp2.py and course/backward_hooks.py."""
+course/cuda/nccl.py, course/cuda/functional_collectives.py, course/cuda/fsdp2.py and course/cuda/backward_hooks.py."""
 import os
 import threading
 
@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import course
-from course import fsdp2
+from course.cuda import fsdp2
 
 _lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
 
@@ -36,7 +36,7 @@ def _reference_grads():
 
 def test_init_process_group_with_device_id(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(course.ranks.free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(course.lessons.ranks.free_port()))
     with course.emulate(gpus=2):
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:1"))
         try:
@@ -138,7 +138,7 @@ def _fsdp1_rank(rank, world_size, strategy):
 def test_fsdp1_runs_unsharded_and_refuses_to_shard_by_name():
     with course.emulate(gpus=2):
         results = course.run_threads(_fsdp1_rank, 2, "NO_SHARD", backend="nccl")
-        with pytest.raises(course.ranks.RankFailed, match="sharding_strategy=FULL_SHARD is not modelled.*fully_shard"):
+        with pytest.raises(course.lessons.ranks.RankFailed, match="sharding_strategy=FULL_SHARD is not modelled.*fully_shard"):
             course.run_threads(_fsdp1_rank, 2, "FULL_SHARD", backend="nccl")
     want = [g.flatten() for g in _reference_grads()]
     for grads in results:
@@ -187,7 +187,7 @@ def test_fsdp2_free_and_alloc_storage_give_memory_back_and_take_it_again():
 
 def test_backward_hooks_can_make_cuda_tensors():
     with course.emulate(gpus=1):
-        from course import backward_hooks
+        from course.cuda import backward_hooks
 
         seen = []
         x = torch.ones(3, device="cuda", requires_grad=True)

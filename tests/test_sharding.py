@@ -1,9 +1,9 @@
-"""course.sharding reads back from the trace exactly the bytes that were copied, and who copied them."""
+"""course.lessons.sharding reads back from the trace exactly the bytes that were copied, and who copied them."""
 import pytest
 import torch
 
 import course
-from course import sharding
+from course.lessons import sharding
 
 
 def test_bytes_copied_by_direction():

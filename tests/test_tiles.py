@@ -1,4 +1,4 @@
-"""course.tiles: tile bounds like torch.tensor_split, pooling factors, and the difference picture."""
+"""course.lessons.tiles: tile bounds like torch.tensor_split, pooling factors, and the difference picture."""
 import copy
 
 import matplotlib
@@ -9,7 +9,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import course  # noqa: E402
-from course.tiles import downsampling_factor, plot_difference, split_bounds  # noqa: E402
+from course.lessons.tiles import downsampling_factor, plot_difference, split_bounds  # noqa: E402
 
 
 @pytest.mark.parametrize("size,parts", [(10, 3), (7, 7), (67, 2), (93, 4), (5, 1)])
@@ -52,7 +52,7 @@ def test_plot_difference_titles_the_largest_error():
 
 
 def test_tile_box_is_row_major_and_refuses_a_tile_outside_the_grid():
-    from course.tiles import tile_box
+    from course.lessons.tiles import tile_box
 
     assert [tile_box(5, 7, (2, 3), i) for i in (0, 2, 3)] == [(0, 3, 0, 3), (0, 3, 5, 7), (3, 5, 0, 3)]
     with pytest.raises(ValueError, match="tiles 0 to 5"):
@@ -62,7 +62,7 @@ def test_tile_box_is_row_major_and_refuses_a_tile_outside_the_grid():
 def test_forward_with_exchange_equals_the_whole_image_when_the_halo_is_exact():
     import torch.nn.functional as F
 
-    from course.tiles import forward_with_exchange
+    from course.lessons.tiles import forward_with_exchange
 
     torch.manual_seed(1)
     layers = nn.Sequential(nn.Conv2d(2, 3, 5, padding=2), nn.ReLU(), nn.Conv2d(3, 2, 3, padding=2, dilation=2))
@@ -86,8 +86,8 @@ def test_halo_exchange_on_rank_threads_equals_the_padded_image_and_sends_to_neig
 
     import torch.nn.functional as F
 
-    from course.halo_ranks import exchange_on_ranks, tiled_forward_on_ranks
-    from course.tiles import tile_box
+    from course.lessons.halo_ranks import exchange_on_ranks, tiled_forward_on_ranks
+    from course.lessons.tiles import tile_box
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "autograder"))
     from references.tiled_parallelism import exchange_halo
@@ -122,7 +122,7 @@ def test_halo_exchange_on_rank_threads_equals_the_padded_image_and_sends_to_neig
 
 
 def test_data_parallel_forward_traces_the_four_phases_the_same_on_every_run():
-    from course.data_parallel_trace import data_parallel_forward
+    from course.lessons.data_parallel_trace import data_parallel_forward
 
     events = data_parallel_forward(1000, [64, 128, 32], 3, "pcie4")
     assert {e.name for e in events if e.kind == "collective"} == {"nccl:broadcast"}

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import course
-from course import costs, hardware, topology
+from course.machine import costs, hardware, topology
 
 
 def _copy_times_ms(machine: str, gpus, to_gpu: bool = True, nbytes: int = 2**28) -> list[float]:

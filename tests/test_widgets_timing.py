@@ -7,13 +7,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import course  # noqa: E402
-from course.timing import gpu_time_ms  # noqa: E402
-from course.widgets import what_if  # noqa: E402
+from course.lessons.timing import gpu_time_ms  # noqa: E402
+from course.lessons.widgets import what_if  # noqa: E402
 
 
 def test_what_if_draws_the_default_and_redraws_on_change(monkeypatch):
     shown = []
-    monkeypatch.setattr("course.widgets.display", lambda obj, display_id=False: shown.append(obj) or _Handle(shown))
+    monkeypatch.setattr("course.lessons.widgets.display", lambda obj, display_id=False: shown.append(obj) or _Handle(shown))
     drawn = []
 
     def draw(size):
@@ -44,12 +44,12 @@ def test_gpu_time_ms_equals_the_kernel_duration():
         kernel = [e for e in emu.trace if e.name == "aten::mm"][0]
     assert result.shape == (2048, 2048)
     assert ms * 1e6 >= kernel.duration_ns
-    assert ms * 1e6 <= kernel.duration_ns + 2 * course.costs.HOST_LAUNCH_NS
+    assert ms * 1e6 <= kernel.duration_ns + 2 * course.machine.costs.HOST_LAUNCH_NS
 
 
 def test_what_if_shows_an_error_in_a_redraw_instead_of_a_stale_figure(monkeypatch):
     shown = []
-    monkeypatch.setattr("course.widgets.display", lambda obj, display_id=False: shown.append(obj) or _Handle(shown))
+    monkeypatch.setattr("course.lessons.widgets.display", lambda obj, display_id=False: shown.append(obj) or _Handle(shown))
 
     def draw(size):
         if size > 5:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from course import planning
-from course.simulated_step import simulate_step
-from course.planning import Plan
+from course.lessons import planning
+from course.lessons.simulated_step import simulate_step
+from course.lessons.planning import Plan
 
 
 def largest_batch(spec, plan, gpu, limit=4096):

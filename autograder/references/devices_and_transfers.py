@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import course
-from course.timing import gpu_time_ms
+from course.lessons.timing import gpu_time_ms
 
 
 def time_on_gpu(fn, *args) -> float:

@@ -1,7 +1,7 @@
 """Reference answers for the distributed-data-parallel notebook (chapter 6; hidden from learners, see autograder/README.md).
 
 Its hidden tests run these and the learner's answers in harnesses from the course package, which the learner's
-kernel needs too: `course.ring.run_ring` and `course.ddp.train_data_parallel(..., hand_written=fn)`.
+kernel needs too: `course.lessons.ring.run_ring` and `course.lessons.ddp.train_data_parallel(..., hand_written=fn)`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from course.ddp_timing import simulate_ddp_step
+from course.lessons.ddp_timing import simulate_ddp_step
 
 
 def all_reduce_gradients(model: torch.nn.Module) -> None:

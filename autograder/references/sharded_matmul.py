@@ -6,7 +6,7 @@ import math
 import torch
 
 import course
-from course import sharding
+from course.lessons import sharding
 
 
 def sharded_matmul_forward(A_shards, B):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from course.tiles import downsampling_factor, split_bounds
+from course.lessons.tiles import downsampling_factor, split_bounds
 
 
 def stitch_tiles(outputs, grid):

@@ -6,7 +6,7 @@ import torch
 from torch.autograd import DeviceType
 
 import course
-from course.timing import gpu_time_ms
+from course.lessons.timing import gpu_time_ms
 
 
 def copy_share(averages) -> float:

@@ -1,0 +1,64 @@
+"""`F.scaled_dot_product_attention` on an emulated GPU runs as CUDA runs it: one fused kernel.
+
+On a GPU, PyTorch sends SDPA to its flash or memory-efficient kernel, which streams keys and values through
+on-chip memory and never writes the (queries x keys) attention matrix. On the CPU the emulator runs on, a
+shape-only tensor takes the math path instead (matmul, softmax, matmul, with bf16 upcast to fp32), whose cost
+is that of a dozen kernels and a materialised matrix. So on emulated GPUs the call goes to one fused op,
+costed with FlopCounterMode's flash-attention formula and the bytes of q, k, v and the output.
+"""
+from __future__ import annotations
+
+import torch
+
+from course.cuda import autocast
+from course.cuda.devices import CPU, EmulatedTensor
+
+aten = torch.ops.aten
+
+
+def _fused_kernels_enabled() -> bool:
+    """Whether PyTorch may pick a fused kernel: `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)` (or the older
+    `torch.backends.cuda.sdp_kernel(enable_flash=False, ...)`, as gpt-fast's decode loop uses) turns them off."""
+    backends = torch.backends.cuda
+    return backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled()
+
+
+def _on_emulated_gpu(*tensors) -> bool:
+    return all(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in tensors)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """SDPA as one fused kernel where CUDA would run one; PyTorch's own path everywhere else.
+
+    The fused CPU op needs as many key/value heads as query heads. With grouped-query attention and no mask,
+    each query row attends to all keys of its key/value head independently, so the query heads of one group
+    are folded into its sequence (what CUDA's flash kernel does by indexing, without copying keys or values).
+    Dropout (the CPU fused op has none), nested tensors and a math-only backend take PyTorch's path.
+    """
+    on_gpu = _on_emulated_gpu(query, key, value)
+    if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
+                                                                                -float("inf"))
+    fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
+    if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa)
+    # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
+    query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
+    if scale is None:
+        scale = query.shape[-1] ** -0.5  # the default, fixed before any folding changes the shapes
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    if enable_gqa and kv_heads != heads:
+        if attn_mask is not None or (is_causal and length > 1):
+            group = heads // kv_heads
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+        else:
+            folded = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
+            out = aten._scaled_dot_product_flash_attention_for_cpu(folded, key, value, 0.0, False, scale=scale)[0]
+            return out.reshape(batch, heads, length, value.shape[-1])
+    return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask,
+                                                            scale=scale)[0]

@@ -1,0 +1,463 @@
+"""The `torch.cuda` surface learners call (device count, streams, events, memory), answered by the emulator.
+
+`course.emulate` puts these in place of the real functions only while it is active. Anything in
+`torch.cuda` not listed here reaches `_lazy_init` (or a missing `torch._C._cuda_*` binding, see
+`course/cuda/cuda_bindings.py`), which then names the unsupported call instead of saying "Torch not compiled
+with CUDA enabled". Random numbers are in `course/cuda/rng.py`.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from course.cuda import cuda_bindings, rng
+from course.cuda.cuda_bindings import not_modelled
+from course.cuda.devices import CPU, current_emulator, parse_device
+from course.machine.memory import DeviceMemory
+
+
+def _emu():
+    return current_emulator("torch.cuda")
+
+
+def _index(device=None) -> int:
+    emu = _emu()
+    if device is None or (isinstance(device, int) and device < 0):
+        return emu.current_device()
+    index = parse_device(device if not isinstance(device, Stream) else device.device, emu)
+    if index == CPU and getattr(_comm_hook, "device", None) is not None:
+        return _comm_hook.device
+    if index == CPU:  # PyTorch's torch.cuda._utils._get_device_index says the same
+        raise ValueError(f"Expected a cuda device, but got: {device}")
+    return index
+
+
+# DDP's buckets are host tensors to Python on emulated GPUs (course/cuda/nccl.py), so a comm hook that passes its
+# bucket's device to torch.cuda (PowerSGD's `torch.cuda.synchronize(device)`) names the CPU where a GPU box names
+# the bucket's GPU. While a hook runs, torch.cuda takes that CPU device for the GPU the bucket stands for.
+_comm_hook = threading.local()
+
+
+@contextlib.contextmanager
+def comm_hook_on(device_index: int):
+    """Inside a DDP comm hook for a bucket on emulated GPU `device_index` (see `_comm_hook`)."""
+    outer, _comm_hook.device = getattr(_comm_hook, "device", None), device_index
+    try:
+        yield
+    finally:
+        _comm_hook.device = outer
+
+
+_CUDA = 1  # c10::DeviceType::CUDA, for torch.Stream
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.cuda.get_device_properties` returns, filled from the GPU preset."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+class Stream(torch._C.Stream):
+    """A queue of work on one GPU; work on different streams may overlap.
+
+    A `torch.Stream` underneath (stream id, device index, CUDA device type), so PyTorch calls that
+    take a stream, such as `tensor.record_stream(s)`, accept it; every method is the emulator's.
+    Priorities are kept (clamped to the range PyTorch supports) but do not change the schedule.
+    """
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        index = _index(device)
+        stream = cls._existing(index, _emu().new_stream_id(index))
+        low, high = cls.priority_range()
+        stream._priority = min(max(priority, high), low)
+        return stream
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        pass
+
+    @classmethod
+    def _existing(cls, device_index: int, stream_id: int) -> "Stream":
+        return torch._C.Stream.__new__(cls, stream_id=stream_id, device_index=device_index, device_type=_CUDA)
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest): CUDA gives (0, -5) on A100/H100 and PyTorch clamps it to the 4 priority
+        levels it compiles in (c10/cuda/CUDAStream.h, max_compile_time_stream_priorities), so (0, -3)."""
+        return 0, -3
+
+    @property
+    def priority(self) -> int:
+        return getattr(self, "_priority", 0)
+
+    @property
+    def cuda_stream(self) -> int:
+        """The `cudaStream_t` handle as an int: 0 for a default stream (CUDA's legacy null stream, on every
+        device), else a made-up handle unique to the stream; nothing can be launched on it outside PyTorch."""
+        return 0 if self.stream_id == 0 else (self.device_index + 1) << 32 | self.stream_id
+
+    @property
+    def _ready_ns(self) -> int:
+        return _emu().clock.stream_ready(self.device_index, self.stream_id)
+
+    def _hold_until(self, time_ns: int) -> None:
+        clock = _emu().clock
+        with clock.lock:
+            key = (self.device_index, self.stream_id)
+            clock.stream_ready_ns[key] = max(clock.stream_ready(*key), time_ns)
+
+    def wait_event(self, event: "Event") -> None:
+        if event.time_ns is not None:
+            self._hold_until(event.time_ns)
+
+    def wait_stream(self, stream: "Stream") -> None:
+        self._hold_until(stream._ready_ns)
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return _emu().clock.host_ns >= self._ready_ns
+
+    def is_capturing(self) -> bool:
+        """CUDA graph capture is not emulated, so a stream is never capturing."""
+        return False
+
+    def synchronize(self) -> None:
+        _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
+
+    def __enter__(self):
+        self._context = torch.cuda.StreamContext(self)
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._context.__exit__(*exc)
+
+    def __repr__(self):
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} stream={self.stream_id}>"
+
+
+def set_stream(stream: Stream | None) -> None:
+    """Make `stream` current on its device and, as `torch._C._cuda_setStream` does, its device current.
+
+    PyTorch's own `torch.cuda.StreamContext` (what `with torch.cuda.stream(s):` makes) calls this, so the
+    block runs on s's device and both the device and the streams are restored after it.
+    """
+    if stream is None:
+        return
+    emu = _emu()
+    emu.set_current_device(stream.device_index)
+    emu.set_current_stream(stream.device_index, stream.stream_id)
+
+
+class device:  # noqa: N801 - named as torch.cuda.device
+    """`with torch.cuda.device(1):` makes cuda:1 the current device for `'cuda'` and `.cuda()`."""
+
+    def __init__(self, device):
+        self.index = None if device is None or device == -1 else _index(device)
+
+    def __enter__(self):
+        emu = _emu()
+        self._previous = emu.current_device()
+        if self.index is not None:
+            emu.set_current_device(self.index)
+
+    def __exit__(self, *exc):
+        _emu().set_current_device(self._previous)
+
+
+class device_of(device):  # noqa: N801 - named as torch.cuda.device_of
+    """`with torch.cuda.device_of(x):` makes x's GPU current; a no-op for a CPU tensor."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+
+class Event:
+    """A marker in a stream; two of them time the GPU work between them, in simulated milliseconds.
+
+    As on CUDA, an event belongs to no device until first recorded (`device` is None), and after that
+    only streams of that device may record it.
+    """
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
+        self.enable_timing = enable_timing
+        self.time_ns: int | None = None
+        self.device: torch.device | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or current_stream()
+        if self.device is None:
+            self.device = torch.device("cuda", stream.device_index)
+        elif self.device.index != stream.device_index:
+            raise RuntimeError(f"Event device {self.device} does not match recording stream's device "
+                               f"cuda:{stream.device_index}.")
+        self.time_ns = max(_emu().clock.host_ns, stream._ready_ns)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        return self.time_ns is None or _emu().clock.host_ns >= self.time_ns
+
+    def synchronize(self) -> None:
+        if self.time_ns is not None:
+            _emu().clock.host_wait(self.time_ns, "event.synchronize")
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self.time_ns is None or end_event.time_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if not end_event.query():
+            raise RuntimeError(
+                "CUDA error: device not ready\n(the end event has not happened yet: call "
+                "end_event.synchronize() or torch.cuda.synchronize() before elapsed_time)"
+            )
+        return (end_event.time_ns - self.time_ns) / 1e6
+
+
+class AcceleratorEvent(Event):
+    """`torch.Event(device, enable_timing=...)`, the device-generic event, as a CUDA event."""
+
+    def __init__(self, device=None, *, enable_timing=False, blocking=False, interprocess=False):
+        super().__init__(enable_timing, blocking, interprocess)
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return _emu().num_gpus
+
+
+def current_device() -> int:
+    return _emu().current_device()
+
+
+def set_device(device) -> None:
+    _emu().set_current_device(_index(device))
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    _index(device)
+    gpu = _emu().gpu
+    return DeviceProperties(gpu.name, *gpu.compute_capability, gpu.memory_bytes, gpu.multi_processor_count)
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return _emu().gpu.compute_capability >= (8, 0)
+
+
+def synchronize(device=None) -> None:
+    _emu().clock.synchronize([_index(device)])
+
+
+def _sleep(cycles: int) -> None:
+    """`torch.cuda._sleep`: a kernel that spins for `cycles` SM clock cycles on the current stream (PyTorch's
+    stream and event tests use it to keep a stream busy)."""
+    emu = _emu()
+    device = emu.current_device()
+    emu.clock.launch("kernel", "aten::_sleep", device, emu.current_stream_id(device),
+                     round(cycles / emu.gpu.boost_clock_ghz))
+
+
+def current_stream(device=None) -> Stream:
+    index = _index(device)
+    return Stream._existing(index, _emu().current_stream_id(index))
+
+
+def default_stream(device=None) -> Stream:
+    return Stream._existing(_index(device), 0)
+
+
+def _memory() -> DeviceMemory:
+    return _emu().memory
+
+
+def memory_allocated(device=None) -> int:
+    return _memory().allocated[_index(device)]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _memory().peak[_index(device)]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _memory().reset_peak(_index(device))
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    total = _memory().capacity_bytes
+    return total - memory_allocated(device), total
+
+
+def empty_cache() -> None:
+    """Nothing is cached: the emulator frees memory as soon as the last tensor using it dies."""
+
+
+def _lazy_init() -> None:
+    """Where torch.cuda's own functions start; any that get here are not modelled, and are named."""
+    raise not_modelled(cuda_bindings.caller_in_torch(),
+                       "it models devices, streams, events, synchronize, memory statistics and random "
+                       "numbers; run this part on a real GPU")
+
+
+class _LegacyTensorMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Tensor) and obj.is_cuda and obj.dtype == cls.dtype
+
+
+def _legacy_tensor_type(name: str, dtype: torch.dtype):
+    """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2], device=1)`: the CPU constructor's tensor, on
+    the current GPU or `device` (a copy from the host, as the legacy constructor does for data)."""
+
+    def __new__(cls, *args, device=None, **kwargs):
+        return getattr(torch, name)(*args, **kwargs).cuda(device)
+
+    return _LegacyTensorMeta(name, (), {"__new__": __new__, "dtype": dtype, "is_cuda": True,
+                                        "__module__": "torch.cuda"})
+
+
+LEGACY_TENSOR_TYPES = {
+    name: _legacy_tensor_type(name, dtype) for name, dtype in [
+        ("FloatTensor", torch.float32), ("DoubleTensor", torch.float64), ("HalfTensor", torch.float16),
+        ("BFloat16Tensor", torch.bfloat16), ("ByteTensor", torch.uint8), ("CharTensor", torch.int8),
+        ("ShortTensor", torch.int16), ("IntTensor", torch.int32), ("LongTensor", torch.int64),
+        ("BoolTensor", torch.bool)]
+}
+
+
+class CUDAGraph:
+    """CUDA graphs capture and replay kernels; the emulator runs every kernel eagerly instead."""
+
+    def __new__(cls, *args, **kwargs):
+        raise not_modelled("torch.cuda.CUDAGraph (CUDA graphs)", "run eagerly, without graph capture")
+
+
+def _raw_allocator(name):
+    def refuse(*args, **kwargs):
+        raise not_modelled(f"torch.cuda.{name}", "there is no device memory to hand out; allocate tensors instead")
+    return refuse
+
+
+def _no_graphs(*args, **kwargs):
+    raise not_modelled("CUDA graphs (torch.cuda.graph, make_graphed_callables)", "run eagerly, without graph capture")
+
+
+_compile_warned = False
+
+
+def compile(model=None, **options):  # noqa: A001 - named as torch.compile
+    """`torch.compile` while emulating: the model or function runs eagerly, with a one-time warning.
+
+    Dynamo cannot trace emulated tensors. Eager numbers are the compiled numbers up to rounding; the
+    clock then times eager kernels, without fusion. A module comes back wrapped as PyTorch wraps it
+    (`OptimizedModule`, `_orig_mod`, "_orig_mod." state_dict keys), so checkpoint code runs unchanged.
+    """
+    global _compile_warned
+    if model is None:
+        return functools.partial(compile, **options)
+    if not _compile_warned:
+        _compile_warned = True
+        warnings.warn("torch.compile is not modelled by the GPU emulator (course.emulate): running eagerly, "
+                      "with the same numbers; simulated times are those of eager kernels.", stacklevel=2)
+    if isinstance(model, torch.nn.Module):
+        from torch._dynamo.eval_frame import DisableContext, OptimizedModule
+
+        return OptimizedModule(model, DisableContext())
+    return model
+
+
+PATCHES = {
+    "is_available": is_available,
+    "is_initialized": is_initialized,
+    "device_count": device_count,
+    "current_device": current_device,
+    "set_device": set_device,
+    "device": device,
+    "get_device_name": get_device_name,
+    "get_device_properties": get_device_properties,
+    "get_device_capability": get_device_capability,
+    "is_bf16_supported": is_bf16_supported,
+    "synchronize": synchronize,
+    "_sleep": _sleep,
+    "Stream": Stream,
+    "set_stream": set_stream,
+    "current_stream": current_stream,
+    "default_stream": default_stream,
+    "Event": Event,
+    "device_of": device_of,
+    "init": lambda: None,
+    "get_allocator_backend": lambda: "native",
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "memory_reserved": memory_allocated,
+    "max_memory_reserved": max_memory_allocated,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "mem_get_info": mem_get_info,
+    "empty_cache": empty_cache,
+    "is_current_stream_capturing": lambda: False,
+    "_lazy_init": _lazy_init,
+    "CUDAGraph": CUDAGraph,
+    "graph": _no_graphs,
+    "make_graphed_callables": _no_graphs,
+    "graph_pool_handle": _no_graphs,
+    "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
+    "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),
+    **LEGACY_TENSOR_TYPES,
+}
+
+TORCH_PATCHES = {  # the device-generic classes torch.nn.parallel and others call with a device index
+    "Stream": Stream,
+    "Event": AcceleratorEvent,
+    "compile": compile,
+}
+
+ACCELERATOR_PATCHES = {
+    "is_available": is_available,
+    "device_count": device_count,
+    "current_accelerator": lambda check_available=False: torch.device("cuda"),
+    "current_device_index": current_device,
+    "set_device_index": set_device,
+    "synchronize": synchronize,
+    "current_stream": current_stream,
+    "device_index": device,
+}
+
+
+def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
+    """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
+    torch.cuda.random's own imports, torch.Generator."""
+    return cuda_bindings.PATCHES + rng.patches(num_gpus)

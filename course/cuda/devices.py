@@ -1,0 +1,254 @@
+"""Fake CUDA tensors: a real CPU (or shape-only meta) tensor inside, a `cuda:i` device outside.
+
+Every aten op on them, forward and backward, arrives in `__torch_dispatch__`, which checks devices
+the way CUDA PyTorch does, runs the op on the CPU, charges its cost to the simulated clock and
+counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` device aborts backward.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+
+import torch
+import torch.utils._foreach_utils
+from torch.optim import optimizer as _optimizer
+
+from course.machine.memory import Block
+
+# Emulator developers: COURSE_DEBUG=1 keeps the emulator's own frames in tracebacks. Otherwise an error in an
+# emulated op is raised from the learner's call, as CUDA's errors come from C++ below the learner's line.
+KEEP_FRAMES = bool(os.environ.get("COURSE_DEBUG"))
+
+CPU = -1  # device index of the host in the emulator's bookkeeping
+
+# Set by course.emulate() while an emulator is active; see course/cuda/emulator.py.
+active = None
+
+
+def device_name(index: int) -> str:
+    return "cpu" if index == CPU else f"cuda:{index}"
+
+
+@functools.cache
+def _device_object(index: int, torch_device=torch.device) -> torch.device:
+    """`tensor.device`, made once per index: programs read it on every step, and while the emulator runs each
+    `torch.device(...)` call goes through its wrapper and torch-function mode (PyTorch's own class is kept here)."""
+    return torch_device("cpu") if index == CPU else torch_device("cuda", index)
+
+
+def current_emulator(what: str):
+    """The active emulator, or a clear error if a fake-GPU tensor outlived its `with` block."""
+    if active is None:
+        raise RuntimeError(
+            f"{what}: this tensor lives on an emulated GPU, and no `with course.emulate(...)` block is "
+            "active any more. Move results to the CPU with `.cpu()` inside the block."
+        )
+    return active
+
+
+def parse_device(spec, emu=None) -> int:
+    """Device index for 'cuda', 'cuda:1', torch.device, an int, or 'cpu' (-1), checked against the count."""
+    emu = emu or current_emulator("device")
+    if isinstance(spec, int):
+        index = spec
+    else:
+        device = torch.device(spec)
+        if device.type == "cpu":
+            return CPU
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"The GPU emulator runs 'cuda' and 'cpu' devices; '{device}' is not emulated."
+            )
+        index = emu.current_device() if device.index is None else device.index
+    if not 0 <= index < emu.num_gpus:
+        raise torch.AcceleratorError(
+            "CUDA error: invalid device ordinal\n"
+            f"(this emulator has {emu.num_gpus} GPU{'s' if emu.num_gpus > 1 else ''}: "
+            f"cuda:0 to cuda:{emu.num_gpus - 1}; asked for cuda:{index})"
+        )
+    return index
+
+
+def device_mismatch(first: int, second: int) -> RuntimeError:
+    """PyTorch's own wording, so learners meet the message they will see on real GPUs."""
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"{device_name(first)} and {device_name(second)}!"
+    )
+
+
+def wait_for(tensor: EmulatedTensor, reason: str) -> None:
+    """Block the host until the tensor's value exists: what `.item()` or printing does on a GPU."""
+    emu = current_emulator(reason)
+    if tensor._device_index != CPU:
+        stream_ready = emu.clock.stream_ready(tensor._device_index, emu.current_stream_id(tensor._device_index))
+        emu.clock.host_wait(max(tensor.ready_ns, stream_ready), f"{reason} waits for {tensor.device}")
+
+
+class EmulatedTensor(torch.Tensor):
+    """A tensor on an emulated GPU. `_inner` holds the data; `_block` its storage and readiness."""
+
+    _inner: torch.Tensor
+    _device_index: int
+    _block: Block | None
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+        if inner.is_contiguous() and not inner.storage_offset() and inner.layout is torch.strided:
+            # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one)
+            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.size(), dtype=inner.dtype, device=inner.device,
+                                                         requires_grad=requires_grad)
+        else:
+            tensor = torch.Tensor._make_wrapper_subclass(
+                cls,
+                inner.size(),
+                strides=inner.stride(),
+                storage_offset=inner.storage_offset(),
+                dtype=inner.dtype,
+                layout=inner.layout,
+                device=inner.device,
+                requires_grad=requires_grad,
+            )
+        tensor._inner = inner
+        tensor._device_index = device_index
+        tensor._block = block
+        if inner.is_conj() or inner.is_neg():  # lazy conj()/imag views: the bit must be where the dispatcher sees it
+            _copy_math_bits(tensor, inner)
+        return tensor
+
+    @property
+    def device(self) -> torch.device:
+        return _device_object(self._device_index)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device_index != CPU
+
+    @property
+    def is_cpu(self) -> bool:
+        return self._device_index == CPU
+
+    @property
+    def is_meta(self) -> bool:
+        return False
+
+    def get_device(self) -> int:
+        return self._device_index
+
+    @property
+    def ready_ns(self) -> int:
+        return self._block.ready_ns if self._block is not None else 0
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        wait_for(self, "print")
+        with torch._C.DisableTorchFunction():
+            return _format(self)
+
+    def __format__(self, spec: str) -> str:
+        """`f"{loss:.2f}"` formats a 0-dim tensor's value (a copy to the host, as `.item()`), like CUDA tensors."""
+        if self.dim() == 0 and spec:
+            if self._inner.is_meta:
+                raise RuntimeError(f"Cannot format a shape-only tensor with {spec!r}: course.emulate(materialize="
+                                   "False) computes shapes, times and memory, not values.")
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
+    def __deepcopy__(self, memo):
+        """A clone on the same device (with its own memory), carrying over grad and user attributes."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            twin = self.clone()
+        twin.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            twin.grad = copy.deepcopy(self.grad, memo)
+        for key, value in self.__dict__.items():
+            if key not in ("_inner", "_device_index", "_block"):
+                setattr(twin, key, copy.deepcopy(value, memo))
+        memo[id(self)] = twin
+        return twin
+
+    def __reduce_ex__(self, protocol):
+        """Inside torch.save, what a CUDA tensor saves as (see course/cuda/checkpoints.py); other pickling
+        (torch.multiprocessing, object collectives) sends a CPU copy plus the device, rebuilt there."""
+        from course.cuda import checkpoints
+        from course.cuda.transfers import to_host_copy
+
+        if checkpoints.saving():
+            return checkpoints.reduce_for_save(self)
+        return (_rebuild_emulated, (to_host_copy(self), self._device_index, self.requires_grad))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True  # errors read from the learner's line (see interception.handle_torch_function)
+        from course.cuda.interception import handle_torch_function
+
+        return handle_torch_function(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from course.cuda.kernels import run_kernel
+
+        __tracebackhide__ = True
+        emu = active if active is not None else current_emulator(str(func))
+        try:
+            return run_kernel(emu, func, args, kwargs or {})
+        except Exception as error:
+            if KEEP_FRAMES:
+                raise
+            # The error belongs to the torch call that reached this kernel: the emulator's frames are dropped.
+            raise error.with_traceback(None) from error.__cause__
+
+
+# On a GPU, optimizers and gradient clipping default to their foreach (multi-tensor) kernels; both check
+# the tensor's type, so EmulatedTensors go on PyTorch's lists to take the same path (and kernel count).
+for _supported in (_optimizer._foreach_supported_types,
+                   torch.utils._foreach_utils._foreach_supported_types):
+    if EmulatedTensor not in _supported:
+        _supported.append(EmulatedTensor)
+
+
+def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):
+    """Unpickling inside an emulator gives the tensor back on its fake GPU; outside, on the CPU."""
+    if active is None or device_index == CPU:
+        return host_tensor.requires_grad_(requires_grad)
+    from course.cuda.transfers import move
+
+    return move(host_tensor, device_index).requires_grad_(requires_grad)
+
+
+torch.serialization.add_safe_globals([_rebuild_emulated])
+
+
+def _format(tensor: EmulatedTensor) -> str:
+    """Format like a CUDA tensor: the values, then device, dtype and autograd suffixes."""
+    inner = tensor._inner.detach()
+    prefix = "tensor("
+    if inner.is_meta:
+        body, suffixes = "...", [f"device='{tensor.device}'", f"size={tuple(inner.shape)}"]
+        suffixes.append("shape only: emulated with materialize=False, there are no values")
+    else:
+        body = torch._tensor_str._tensor_str(inner, len(prefix))
+        suffixes = [f"device='{tensor.device}'"] if tensor._device_index != CPU else []
+        if inner.numel() == 0 and inner.dim() != 1:
+            suffixes.append(f"size={tuple(inner.shape)}")
+    if inner.dtype not in (torch.get_default_dtype(), torch.int64, torch.bool):
+        suffixes.append(f"dtype={inner.dtype}")
+    if tensor.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")
+    elif tensor.requires_grad:
+        suffixes.append("requires_grad=True")
+    return torch._tensor_str._add_suffixes(prefix + body, suffixes, len(prefix), False)
+
+
+def _copy_math_bits(tensor: torch.Tensor, inner: torch.Tensor) -> None:
+    """`z.conj()` and `z.conj().imag` are views with a conjugate or negative bit that ops resolve before their
+    kernel runs. Inside `__torch_dispatch__` that resolution is switched off, so a kernel handed the inner tensor
+    would read it unconjugated: the wrapper carries the bit instead, and PyTorch resolves it before dispatching."""
+    torch._C._set_conj(tensor, inner.is_conj())
+    torch._C._set_neg(tensor, inner.is_neg())
+
+
+def wrap(inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+    return EmulatedTensor(inner, device_index, block, requires_grad)

@@ -1,0 +1,288 @@
+"""`course.emulate`: run code written for several CUDA GPUs on the CPU, with a simulated clock.
+
+Inside the block, `torch.cuda` answers for the emulated GPUs and tensors on `cuda:i` are
+`EmulatedTensor`s; outside it torch is untouched. On a machine whose torch sees real GPUs the
+emulator steps aside (unless `force=True`), so the same notebook measures the real thing.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import types
+
+import torch
+import torch.cuda.comm
+import torch.distributed
+import torch.distributed.distributed_c10d
+import torch.cuda.nccl
+import torch.cuda.nvtx
+import torch.nn.parallel._functions
+import torch.nn.parallel.comm
+
+from course import autostart
+from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, interception, kernels, module_calls,
+                         nccl, profiling)
+from course.cuda.interception import EmulatorMode
+from course.cuda.nvtx import EmulatedNVTX
+from course.machine import costs, hardware, plots, topology
+from course.machine.clock import Clock
+from course.machine.memory import DeviceMemory
+from course.machine.trace import TraceEvent
+
+
+_ABSENT = object()  # what _patch remembers for a name the module did not have (ProcessGroupNCCL on a CPU build)
+
+
+class Emulator:
+    """The state of one emulated machine: its GPUs, links, clock, memory and trace.
+
+    Use it as a context manager (`with course.emulate(...) as emu:`), or call `start()` once at the
+    top of a notebook and `stop()` at the end, since a `with` block cannot span notebook cells.
+    """
+
+    mode = "emulated"
+
+    def __init__(self, gpus: int, gpu, link, host_link, materialize: bool, machine=None):
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ValueError(f"gpus must be a whole number of GPUs, 1 or more; got {gpus!r}")
+        self.machine = None if machine is None else hardware.machine(machine)
+        if self.machine is not None:
+            if gpus > self.machine.num_gpus:
+                raise ValueError(f"a {self.machine.key} has {self.machine.num_gpus} GPUs; asked for {gpus}: "
+                                 f"ask for {self.machine.num_gpus} or fewer")
+            gpu, link, host_link = self.machine.gpu, self.machine.link, self.machine.host_link
+        self.num_gpus = gpus
+        self.gpu = hardware.gpu(gpu)
+        self.link = hardware.link(link)
+        self.host_link = hardware.link(host_link)
+        self.materialize = materialize
+        self.clock = Clock(costs.HOST_LAUNCH_NS, costs.HOST_MODULE_OP_NS)
+        self.memory = DeviceMemory(gpus, self.gpu.memory_bytes)
+        self.kernel_ns_cache: dict = {}  # costs.kernel_ns by its arguments: the same kernels recur every step
+        self.links = topology.LinkLedger()  # what crosses each link of a machine preset, for shared bandwidth
+        self._collective_links: dict[tuple[int, ...], hardware.Link] = {}
+        self._per_thread = threading.local()
+        self._stream_counts = [1] * gpus
+        self._saved: list[tuple[object, str, object]] = []
+        self._mode: EmulatorMode | None = None
+
+    # -- per-thread CUDA state: current device and current stream of each device --------------
+    def _thread_state(self):
+        state = self._per_thread
+        if not hasattr(state, "device"):
+            state.device, state.streams = 0, {}
+        return state
+
+    def current_device(self) -> int:
+        return self._thread_state().device
+
+    def set_current_device(self, index: int) -> None:
+        self._thread_state().device = index
+
+    def current_stream_id(self, device: int) -> int:
+        try:  # every kernel asks: a thread has its state from its first call on
+            return self._per_thread.streams.get(device, 0)
+        except AttributeError:
+            return self._thread_state().streams.get(device, 0)
+
+    def set_current_stream(self, device: int, stream_id: int) -> None:
+        self._thread_state().streams[device] = stream_id
+
+    def collective_link(self, devices=None) -> hardware.Link:
+        """The link NCCL's rings over `devices` (default: every GPU) run on, from the machine preset's topology
+        (course/machine/topology.py); without a machine preset, `link` itself."""
+        key = tuple(sorted(range(self.num_gpus) if devices is None else set(devices)))
+        if key not in self._collective_links:
+            self._collective_links[key] = topology.collective_link(self.machine, self.link, self.host_link,
+                                                                   list(key))
+        return self._collective_links[key]
+
+    def new_stream_id(self, device: int) -> int:
+        with self.clock.lock:
+            self._stream_counts[device] += 1
+            return self._stream_counts[device] - 1
+
+    # -- switching on and off -------------------------------------------------------------------
+    def start(self) -> "Emulator":
+        """Switch the emulator on. Inside another emulator it is a separate machine until it stops
+        (tensors of the two should not meet); the outer one comes back then."""
+        if self._mode is not None:
+            raise RuntimeError("This emulator is already started; call stop() before starting it again.")
+        self._outer = devices.active
+        self._patch(torch.cuda, cuda_api.PATCHES)
+        self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
+        self._patch(torch, cuda_api.TORCH_PATCHES)
+        self._patch(torch._C, {"_group_tensors_by_device_and_dtype": kernels.group_tensors_by_device_and_dtype})
+        for target, replacements in cuda_api.module_patches(self.num_gpus):  # torch._C, RNG, torch.cuda.memory
+            self._patch(target, replacements)
+        self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
+        self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
+        self._patch(torch.cuda.nccl, collectives.NCCL_PATCHES)
+        self._patch(torch.distributed.distributed_c10d, nccl.C10D_PATCHES)
+        self._patch(torch.distributed, nccl.DIST_PATCHES)
+        self._patch(torch.nn.parallel.DistributedDataParallel, nccl.DDP_PATCHES)
+        # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
+        self._patch(torch.nn.parallel._functions, {"_streams": None})
+        self._patch(torch.nn.parallel._functions.Scatter, collectives.SCATTER_PATCHES)
+        # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
+        self._patch(importlib.import_module("torch.nn.parallel.parallel_apply"),
+                    {"threading": _EMULATED_THREADING})
+        # So does the DataLoader's pin-memory thread (pin_memory=True with worker processes).
+        self._patch(importlib.import_module("torch.utils.data.dataloader"), {"threading": _EMULATED_THREADING})
+        for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
+            self._patch(target, replacements)
+        self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
+        # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
+        self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
+        for target, replacements in checkpoints.patches():  # torch.save/torch.load with 'cuda:i' locations
+            self._patch(target, replacements)
+        devices.active = self
+        autocast.install()
+        self._env_before = autostart.publish(self._config())
+        self._mode = EmulatorMode()
+        self._mode.__enter__()
+        return self
+
+    def stop(self) -> None:
+        if self._mode is None:
+            return
+        self._mode.__exit__(None, None, None)
+        self._mode = None
+        autocast.uninstall()
+        profiling.stop_recordings(self)
+        devices.active = self._outer
+        autostart.restore(self._env_before)
+        for module, name, original in reversed(self._saved):
+            if original is _ABSENT:
+                delattr(module, name)
+            else:
+                setattr(module, name, original)
+        self._saved.clear()
+
+    def _config(self) -> dict | None:
+        """This machine as `emulate()` arguments, for worker processes; None if it is not made of presets."""
+        presets = [(self.gpu, hardware.GPUS), (self.link, hardware.LINKS), (self.host_link, hardware.LINKS)]
+        if any(presets_of.get(part.key) is not part for part, presets_of in presets):
+            return None
+        config = {"gpus": self.num_gpus, "gpu": self.gpu.key, "link": self.link.key,
+                  "host_link": self.host_link.key, "materialize": self.materialize}
+        # Workers must see the same topology, not every pair on the whole link.
+        if self.machine is not None:
+            config["machine"] = self.machine.key
+        return config
+
+    def _patch(self, module, replacements: dict) -> None:
+        for name, replacement in replacements.items():
+            # a class's own attribute as stored (a staticmethod stays one when put back), else the module's
+            original = vars(module).get(name, _ABSENT) if isinstance(module, type) else getattr(module, name, _ABSENT)
+            self._saved.append((module, name, original))
+            setattr(module, name, replacement)
+
+    def __enter__(self) -> "Emulator":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what it shows --------------------------------------------------------------------------
+    @property
+    def trace(self) -> list[TraceEvent]:
+        return self.clock.trace
+
+    def now_ms(self) -> float:
+        """Simulated host time since the emulator started, in milliseconds."""
+        return self.clock.host_ns / 1e6
+
+    def describe(self) -> str:
+        values = "real values" if self.materialize else "shapes only (materialize=False)"
+        return (f"emulated: {self.num_gpus} x {self.gpu.name}, GPUs linked by {self.link.name}, "
+                f"host by {self.host_link.name}; {values}")
+
+    def __repr__(self) -> str:
+        return f"<course.Emulator {self.describe()}>"
+
+    def plot_timeline(self, **kwargs):
+        return plots.plot_timeline(self.trace, **kwargs)
+
+    def export_chrome_trace(self, path):
+        return plots.export_chrome_trace(self.trace, path)
+
+    def summary(self):
+        return plots.summary(self.trace)
+
+
+class EmulatedThread(threading.Thread):
+    """A thread that runs inside the active emulator, on a host timeline forked from its parent's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._emulator = devices.active
+        self._start_host_ns = self._emulator.clock.host_ns
+        self._start_device = self._emulator.current_device()
+        self._end_host_ns = self._start_host_ns
+
+    def run(self) -> None:
+        emu = self._emulator
+        emu.clock.host_ns = self._start_host_ns
+        emu.set_current_device(self._start_device)
+        try:
+            with EmulatorMode():
+                super().run()
+        finally:
+            self._end_host_ns = emu.clock.host_ns
+
+    def join(self, timeout=None) -> None:
+        super().join(timeout)
+        if not self.is_alive():
+            clock = self._emulator.clock
+            clock.host_ns = max(clock.host_ns, self._end_host_ns)
+
+
+_EMULATED_THREADING = types.SimpleNamespace(Thread=EmulatedThread, Lock=threading.Lock, Event=threading.Event)
+
+
+class RealGPUs:
+    """What `course.emulate` gives back on a machine with real GPUs: it changes nothing."""
+
+    mode = "real"
+    trace = None
+
+    def __init__(self):
+        self.num_gpus = torch.cuda.device_count()
+
+    def start(self) -> "RealGPUs":
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def __enter__(self) -> "RealGPUs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"real: {self.num_gpus} x {torch.cuda.get_device_name(0)}"
+
+    def __repr__(self) -> str:
+        return f"<course.RealGPUs {self.describe()}>"
+
+
+def emulate(gpus: int | None = None, gpu="A100-80GB", link="nvlink3", host_link="pcie4",
+            materialize: bool = True, force: bool = False, machine=None) -> Emulator | RealGPUs:
+    """An emulated machine of `gpus` x `gpu`, peers joined by `link`, host by `host_link`.
+
+    Defaults: 4 A100-80GB on NVLink 3 behind PCIe 4, like a DGX A100 quarter, every pair of GPUs with the whole
+    link. `machine="DGX-1V"`, `"DGX-A100"`, `"DGX-H100"`, `"8xL4"` or `"4xRTX4090"` (course.machine.hardware.MACHINES)
+    takes the GPU, links and how each pair of GPUs reaches the other (a switch, NVLink bricks, or host memory)
+    from a real machine, with all its GPUs unless `gpus` asks for fewer. `materialize=False` computes shapes,
+    times and memory without any values, for what-ifs at real scale. On a machine whose torch sees real GPUs
+    this returns `RealGPUs` and changes nothing, unless `force=True`.
+    """
+    if torch.cuda.is_available() and devices.active is None and not force:
+        return RealGPUs()
+    if gpus is None:
+        gpus = hardware.machine(machine).num_gpus if machine is not None else 4
+    return Emulator(gpus, gpu, link, host_link, materialize, machine)

@@ -1,0 +1,105 @@
+"""FSDP2 (`fully_shard`) on emulated GPUs: freeing and re-growing the unsharded parameters' memory.
+
+After a block's forward and backward, FSDP2 frees the all-gathered (unsharded) parameters by resizing their
+storage to zero bytes, and grows it back before the next all-gather (torch/distributed/fsdp/_fully_shard/
+_fsdp_param.py, `free_storage` / `alloc_storage`). An emulated tensor's Python storage is a placeholder that
+cannot be resized, so these two do it on the CPU storage inside and give the bytes back to (or take them
+from) the emulated GPU's memory count, which is what makes FSDP's memory saving show in
+`torch.cuda.memory_allocated`.
+
+A DTensor is a wrapper made in C++ from its local tensor's C++ device, which for an emulated tensor is the CPU, so
+it would say `device(type='cpu')` where a GPU box says `cuda:0`, and `torch.optim`'s foreach test
+(`_default_to_fused_or_foreach`: a supported type *on a CUDA device*) would send FSDP's optimizer down its
+per-parameter loop instead of the multi-tensor kernels a GPU runs. `dtensor_patches` makes DTensor report its local
+tensor's device when that tensor is emulated.
+"""
+from __future__ import annotations
+
+import sys
+
+from course.cuda.devices import EmulatedTensor
+
+# Imported by every FSDP2 entry point; it imports _fsdp_param, the other module that calls the two.
+FSDP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_PARAM_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
+
+
+def _fsdp_own(name: str):
+    """FSDP's own function (for tensors not on an emulated GPU): the module keeps it under another name."""
+    return getattr(sys.modules[_PARAM_MODULE], "_course_fsdp_" + name)
+
+
+def _recount(block, nbytes: int) -> None:
+    """Make `block` (shared by the tensor and all its views) count `nbytes` from now on: a block of the new
+    size is allocated (so the capacity check and peak apply), the two swap their counts, and the old count
+    goes when the spare block dies. Only `DeviceMemory.allocate` and the block's slots are used."""
+    spare = block.memory.allocate(block.device, nbytes, block.ready_ns)
+    for slot in type(block).__slots__:
+        if slot not in ("memory", "device", "ready_ns"):
+            kept = getattr(block, slot)
+            setattr(block, slot, getattr(spare, slot))
+            setattr(spare, slot, kept)
+    del spare
+
+
+def alloc_storage(tensor) -> None:
+    if not isinstance(tensor, EmulatedTensor):
+        return _fsdp_own("alloc_storage")(tensor)
+    size = tensor.numel() * tensor.itemsize
+    storage = tensor._inner.untyped_storage()
+    if storage.size() != size:
+        if tensor._block is not None:
+            _recount(tensor._block, size)
+        storage.resize_(size)
+
+
+def free_storage(tensor) -> None:
+    if not isinstance(tensor, EmulatedTensor):
+        return _fsdp_own("free_storage")(tensor)
+    storage = tensor._inner.untyped_storage()
+    if storage.size() != 0:
+        storage.resize_(0)
+        if tensor._block is not None:
+            _recount(tensor._block, 0)
+
+
+DTENSOR_MODULE = "torch.distributed.tensor"
+
+
+def _dtensor_device(original):
+    def device(self):
+        local = self._local_tensor
+        return local.device if isinstance(local, EmulatedTensor) else original.__get__(self)
+    return property(device)
+
+
+def _dtensor_is_cuda(original):
+    def is_cuda(self):
+        local = self._local_tensor
+        return local.is_cuda if isinstance(local, EmulatedTensor) else original.__get__(self)
+    return property(is_cuda)
+
+
+def dtensor_patches() -> list:
+    """(DTensor, replacements) for the emulator to put in place once DTensor is imported, else nothing."""
+    module = sys.modules.get(DTENSOR_MODULE)
+    # another rank thread may be importing DTensor right now: the module is then in sys.modules without
+    # the class yet, and the next call (every group creation and collective makes one) patches it
+    dtensor = getattr(module, "DTensor", None)
+    if dtensor is None or isinstance(dtensor.__dict__.get("device"), property):
+        return []
+    return [(dtensor, {"device": _dtensor_device(dtensor.device), "is_cuda": _dtensor_is_cuda(dtensor.is_cuda)})]
+
+
+def in_place() -> bool:
+    return getattr(sys.modules.get(_PARAM_MODULE), "free_storage", None) is free_storage
+
+
+def patches() -> list:
+    """(module, replacements) for the emulator to put in place; FSDP's modules must be imported already."""
+    param, param_group = sys.modules[_PARAM_MODULE], sys.modules[FSDP_MODULE]
+    for name in ("alloc_storage", "free_storage"):
+        if not hasattr(param, "_course_fsdp_" + name):
+            setattr(param, "_course_fsdp_" + name, getattr(param, name))
+    return [(param, {"alloc_storage": alloc_storage, "free_storage": free_storage}),
+            (param_group, {"alloc_storage": alloc_storage})]

@@ -1,0 +1,371 @@
+"""Where `device="cuda:1"`, `.to()`, `.cuda()` and friends are caught before CPU-only PyTorch refuses them.
+
+A CPU build raises "Torch not compiled with CUDA enabled" as soon as a Python call names a CUDA
+device, before any op reaches the dispatcher, so these calls are taken over at the
+`__torch_function__` level: by `EmulatorMode` for plain tensors and factories, and by
+`EmulatedTensor.__torch_function__` in threads where the mode is not pushed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils._device
+from torch.overrides import TorchFunctionMode
+
+from course.cuda import attention
+from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
+from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
+from course.machine import costs
+
+
+RealDevice = torch.device  # PyTorch's own class, kept before the emulator puts `torch.device` below in its place
+
+
+class _DeviceMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, RealDevice)
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, RealDevice)
+
+
+class device(metaclass=_DeviceMeta):
+    """`torch.device` while the emulator runs: `torch.device(1)` is cuda:1, as on a GPU box.
+
+    A CPU build has no accelerator, so PyTorch itself refuses a bare index ("Cannot access accelerator
+    device when none is available"). Everything else, and every instance, is PyTorch's own `torch.device`.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and _is_index(args[0]):
+            return RealDevice("cuda", args[0])
+        return RealDevice(*args, **kwargs)
+
+
+device.__module__, device.__qualname__ = "torch", "device"  # pickles as torch.device
+
+
+def _unwrap(value):
+    return value._inner if isinstance(value, EmulatedTensor) else value
+
+
+_FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+
+
+_UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
+
+
+def _create_on_device(func, device, args, kwargs):
+    """A factory call aimed at a fake GPU: make the tensor on the CPU (or meta) and move it there."""
+    emu = current_emulator(f"torch.{getattr(func, '__name__', func)}")
+    index = parse_device(device, emu)
+    if index == CPU:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **dict(kwargs, device="cpu"))
+    requires_grad = kwargs.pop("requires_grad", False)
+    kwargs.pop("pin_memory", None)
+    args = tuple(_unwrap(a) for a in args)
+    with torch._C.DisableTorchFunction():
+        shape_only = func(*args, **dict(kwargs, device="meta"))
+        nbytes = shape_only.numel() * shape_only.element_size()
+        block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
+        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
+    if func in _FROM_HOST_DATA:
+        block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
+                                          costs.copy_ns(emu.host_link, nbytes, pinned=False),
+                                          nbytes=nbytes, peer="cpu")
+        emu.clock.host_wait(block.ready_ns, "wait for copy cpu->cuda")
+    elif getattr(func, "__name__", "") not in _UNINITIALISED:  # torch.empty only asks the allocator for memory
+        duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
+        block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
+                                          emu.current_stream_id(index), duration, nbytes=nbytes)
+    return wrap(inner.detach(), index, block, requires_grad)
+
+
+def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
+    """The values of a new GPU tensor, held in this computer's memory, which may be smaller than the GPU's."""
+    try:
+        return func(*args, **dict(kwargs, device="cpu"))
+    except RuntimeError as error:
+        if "can't allocate memory" not in str(error):
+            raise
+        raise MemoryError(f"The emulated GPU has room for this {nbytes / 2**30:.2f} GiB tensor, but the computer "
+                          "running the emulator cannot hold its values: use course.emulate(..., materialize=False) "
+                          "to work with shapes, times and memory only.") from None
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cuda_index(value):
+    """A bare device index as a GPU box reads it: `1` is cuda:1 (a CPU build has no accelerator for it)."""
+    return RealDevice("cuda", value) if _is_index(value) else value
+
+
+def _parse_to(*args, **kwargs):
+    """Tensor.to / Module.to argument parsing, with `.to(rank)` meaning `.to("cuda:<rank>")`; no `copy=`."""
+    if args and not isinstance(args[0], torch.Tensor):
+        args = (_cuda_index(args[0]),) + args[1:]
+    kwargs = {k: _cuda_index(v) if k == "device" else v for k, v in kwargs.items() if k != "copy"}
+    with torch._C.DisableTorchFunction():
+        return torch._C._nn._parse_to(*args, **kwargs)
+
+
+def _to(self, *args, **kwargs):
+    if args and isinstance(args[0], torch.Tensor):
+        other = args[0]
+        device, dtype, memory_format = other.device, other.dtype, None
+        non_blocking = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
+    else:
+        device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
+    result = self
+    if device is not None and not _sharded_and_on(self, parse_device(device)):
+        result = move(result, parse_device(device), non_blocking)
+    if dtype is not None and dtype != result.dtype:
+        with torch._C.DisableTorchFunctionSubclass():
+            result = torch.Tensor.to(result, dtype)
+    result = _in_memory_format(result, kwargs.get("memory_format", memory_format))
+    if kwargs.get("copy") and result is self:
+        result = self.clone()
+    return result
+
+
+def _sharded_and_on(tensor, index) -> bool:
+    """A DTensor whose local shard is on emulated GPU `index` already (`clip_grad_norm_` moves its per-shard norms
+    to the first gradient's device): nothing to move, as for a GPU tensor, and its wrapper has no storage to copy."""
+    local = getattr(tensor, "_local_tensor", None)
+    return not isinstance(tensor, EmulatedTensor) and isinstance(local, EmulatedTensor) and local._device_index == index
+
+
+def _in_memory_format(tensor, memory_format):
+    """`.to(memory_format=torch.channels_last)` and friends: the layout asked for, as PyTorch gives it."""
+    if memory_format is None or memory_format is torch.preserve_format:
+        return tensor
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.contiguous(tensor, memory_format=memory_format)
+
+
+def _cuda(self, device=None, non_blocking=False, memory_format=None):
+    emu = current_emulator(".cuda()")
+    index = emu.current_device() if device is None else parse_device(device, emu)
+    return _in_memory_format(move(self, index, non_blocking), memory_format)
+
+
+def _cpu(self, memory_format=None):
+    return _in_memory_format(move(self, CPU), memory_format)
+
+
+def _copy_(self, src, non_blocking=False):
+    if device_of(self) == device_of(src):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.copy_(self, src, non_blocking)
+    if torch.is_grad_enabled() and (self.requires_grad or src.requires_grad):
+        return copy_with_grad(self, src, non_blocking)
+    return copy_into(self, src, non_blocking)
+
+
+def _pin_memory(self, device=None):
+    if device_of(self) != CPU:
+        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+    return pin(self)
+
+
+def _is_pinned(self, device=None):
+    return is_pinned(self)
+
+
+def _numpy(self, force=False):
+    if device_of(self) != CPU:
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+    tensor = to_host_copy(self) if isinstance(self, EmulatedTensor) else self
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.numpy(tensor, force=force)
+
+
+def _tolist(self):
+    if not isinstance(self, EmulatedTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.tolist(self)
+    return to_host_copy(self).tolist()
+
+
+def _new_tensor(self, data, **kwargs):
+    if isinstance(self, EmulatedTensor) and kwargs.get("device") is None:
+        kwargs["device"] = self.device
+    kwargs.setdefault("dtype", self.dtype)
+    if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cuda":
+        return _create_on_device(torch.tensor, kwargs.pop("device"), (data,), kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.new_tensor(self, data, **kwargs)
+
+
+def _new(self, *args, **kwargs):
+    """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device; for a
+    sparse x, `x.new(indices, values, size)` (SparseAdam) is a sparse tensor made of them."""
+    if self.layout is torch.sparse_coo and args and isinstance(args[0], torch.Tensor):
+        return torch.sparse_coo_tensor(*args, **kwargs)
+    device = kwargs.pop("device", None)
+    if device is None and isinstance(self, EmulatedTensor):
+        device = self.device
+    with torch._C.DisableTorchFunctionSubclass():
+        host = torch.Tensor.new(torch.empty(0, dtype=self.dtype), *args, **kwargs)
+    return host if device is None else move(host, parse_device(device))
+
+
+def _data_ptr(self):
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.data_ptr(_unwrap(self))
+
+
+def _record_stream(self, stream):
+    """The caching allocator's bookkeeping: nothing to do when nothing is really allocated."""
+    if not isinstance(self, EmulatedTensor):
+        raise RuntimeError("record_stream: expected a CUDA tensor, got a CPU tensor")
+
+
+def _set_data(self, new):
+    """`param.data = tensor` (weight-init and weight-tying code): the tensor keeps its identity, which optimizers and
+    autograd hold, and takes the new values, shape and dtype. The C++ assignment alone would leave an emulated
+    tensor its old values. Between the host and a GPU the Python class would have to change: not modelled."""
+    if isinstance(self, EmulatedTensor) != isinstance(new, EmulatedTensor):
+        raise RuntimeError(f"`tensor.data = other` with `tensor` on {self.device} and `other` on {new.device} is not "
+                           "modelled by the GPU emulator (course.emulate): move `other` to the tensor's device "
+                           "first, or move the module with .to(device).")
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.data.__set__(self, new)
+    if isinstance(self, EmulatedTensor):
+        self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
+
+
+def _lengths_read_on_host(ctc_loss):
+    """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
+    them on the host (LossCTC.cpp), as the list overload called here does."""
+
+    def run(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
+        if isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor):
+            # routed again, so that the call the C++ below sees was given no CPU tensor (kernels._from_torch_internals)
+            return handle_torch_function(ctc_loss, (log_probs, targets, input_lengths.tolist(),
+                                                    target_lengths.tolist()) + args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+
+    return run
+
+
+def _type(self, dtype=None, non_blocking=False, **kwargs):
+    if dtype is None:
+        if isinstance(self, EmulatedTensor) and self.is_cuda:
+            return f"torch.cuda.{_unwrap(self).type().split('.')[-1]}"
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.type(self)
+    if isinstance(dtype, torch.dtype):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.type(self, dtype, non_blocking, **kwargs)
+    return _to_legacy_type(self, dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}",
+                           non_blocking)
+
+
+def _to_legacy_type(tensor, name: str, non_blocking: bool):
+    """`x.type(torch.cuda.DoubleTensor)`, `x.type("torch.FloatTensor")`: a legacy type names a device type as
+    well as a dtype, so a GPU tensor given a CPU type comes to the host, and a CPU one given a CUDA type goes
+    to the current GPU (PyTorch's THPVariable_type)."""
+    module, _, base = name.rpartition(".")
+    if module not in ("torch", "torch.cuda") or not isinstance(getattr(torch, base, None), type):
+        raise ValueError(f"invalid type: '{name}'")
+    if module == "torch":
+        index = CPU
+    else:
+        index = device_of(tensor) if device_of(tensor) != CPU else current_emulator("Tensor.type").current_device()
+    return _to(tensor, device_name(index), getattr(torch, base).dtype, non_blocking=non_blocking)
+
+
+_HANDLERS = {
+    torch._C._nn._parse_to: _parse_to,
+    torch.Tensor.to: _to,
+    torch.Tensor.cuda: _cuda,
+    torch.Tensor.cpu: _cpu,
+    torch.Tensor.copy_: _copy_,
+    torch.Tensor.pin_memory: _pin_memory,
+    torch.Tensor.is_pinned: _is_pinned,
+    torch.Tensor.numpy: _numpy,
+    torch.Tensor.tolist: _tolist,
+    torch.Tensor.new_tensor: _new_tensor,
+    torch.Tensor.new: _new,
+    torch.Tensor.data_ptr: _data_ptr,
+    torch.Tensor.record_stream: _record_stream,
+    torch.Tensor.type: _type,
+    torch.Tensor.data.__set__: _set_data,
+    torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
+    torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
+    torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
+}
+
+
+# Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
+_ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors()
+
+# Calls inside which PyTorch's C++ (the autograd engine, DDP's reducer hooks) issues ops of its own.
+ENGINE_ENTRY_POINTS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
+
+
+def _default_device():
+    """The device `with torch.device(...)` or `torch.set_default_device` made the default, if a GPU."""
+    current = torch.utils._device.CURRENT_DEVICE
+    return current if current is not None and current.type == "cuda" else None
+
+
+# `with DisableTorchFunctionSubclass(): func(*args)` in one C call: most torch calls need nothing else.
+_run_unrouted = torch._C._disabled_torch_function_impl
+
+
+def handle_torch_function(func, args, kwargs):
+    """Route one Python-level torch call; an error in it is raised from here, as CUDA's come from the C++ below
+    the learner's line: the emulator's own frames are dropped (devices.KEEP_FRAMES keeps them), and IPython
+    and pytest hide this one (`__tracebackhide__`)."""
+    __tracebackhide__ = True
+    try:
+        if kwargs or func in _ROUTED:
+            return _route_torch_function(func, args, kwargs or {})
+        return _run_unrouted(func, (), args)  # most calls: nothing to route, the op runs as it is
+    except Exception as error:
+        if KEEP_FRAMES:
+            raise
+        # The error belongs to the torch call in the frame above: the emulator's frames below it are dropped.
+        raise error.with_traceback(None) from error.__cause__
+
+
+def _route_torch_function(func, args, kwargs):
+    """Take over the calls that name a device, pass the rest on."""
+    handler = _HANDLERS.get(func)
+    if handler is not None:
+        return handler(*args, **kwargs)
+    device = kwargs.get("device") if kwargs else None
+    if device is None and func in torch.utils._device._device_constructors():
+        device = _default_device()
+    if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
+        if isinstance(device, int) or torch.device(device).type not in ("cpu", "meta"):
+            return _create_on_device(func, device, args, dict(kwargs))
+    if kwargs and kwargs.get("pin_memory"):  # CPU torch has no pinned allocator: a buffer for async copies
+        with torch._C.DisableTorchFunctionSubclass():
+            return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+class EmulatorMode(TorchFunctionMode):
+    """Pushed on every thread that runs emulated code: sees factory calls and plain-tensor `.to()`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        """`handle_torch_function` with its usual case inlined: every torch call of a program comes here."""
+        __tracebackhide__ = True
+        if kwargs or func in _ROUTED:
+            return handle_torch_function(func, args, kwargs)
+        try:
+            return _run_unrouted(func, types, args)
+        except Exception as error:
+            if KEEP_FRAMES:
+                raise
+            raise error.with_traceback(None) from error.__cause__

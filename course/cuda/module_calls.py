@@ -1,0 +1,64 @@
+"""The host's Python around eager PyTorch ops: every `nn.Module` call costs the host time before its ops run.
+
+A module call goes through `Module.__call__` (its hook checks), the forward's Python frame and its attribute
+lookups, on top of what each op inside it costs (course/machine/costs.py). Model code issues as many module calls as a
+few ops per call, so eager small-batch work is host-bound on fast GPUs, as on real machines. The other
+`nn.Module` patch, `module_apply`, makes conversions (`.to()`, `.cuda()`) keep the fake device.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from course.cuda import devices
+from course.machine import costs
+
+_MODULE_CALL = torch.nn.Module.__call__  # PyTorch's own, kept before the emulator puts `module_call` in its place
+_MODULE_APPLY = torch.nn.Module._apply
+_swapping = threading.Lock()
+_applying = 0  # `module_apply` calls under way, in every thread (rank threads convert their models at once)
+_flag_before = False
+
+
+def module_call(self, *args, **kwargs):
+    """`nn.Module.__call__` while the emulator runs: charge the host, then call the module as PyTorch does."""
+    __tracebackhide__ = True
+    emu = devices.active
+    if emu is None:
+        return _MODULE_CALL(self, *args, **kwargs)
+    clock = emu.clock
+    clock.enter_module(costs.HOST_MODULE_CALL_NS)
+    try:
+        return _MODULE_CALL(self, *args, **kwargs)
+    finally:
+        clock.exit_module()
+
+
+def module_apply(self, fn, recurse=True):
+    """`nn.Module._apply` (what `.to()`, `.cuda()` and `.half()` run) with parameters swapped for their converted
+    copies: assigning `param.data` cannot move a tensor between the host and an emulated GPU. Only there:
+    `load_state_dict` must copy into the parameters in place, as on a GPU, or the references that DDP's reducer and
+    autograd hold would break. A swap is refused while autograd holds a parameter (a forward pass's output still
+    alive, then `.half()`): the conversions left then go by `param.data = ...`, as on a GPU (course/cuda/interception.py
+    `_set_data`); those already done come back unchanged, since converting twice changes nothing. The flag is
+    global, so calls under way are counted: rank threads convert at once, and each restoring what it saw would
+    leave the flag on after the last one."""
+    global _applying, _flag_before
+    with _swapping:
+        if _applying == 0:
+            _flag_before = torch.__future__.get_swap_module_params_on_conversion()
+            torch.__future__.set_swap_module_params_on_conversion(True)
+        _applying += 1
+    try:
+        return _MODULE_APPLY(self, fn, recurse)
+    except RuntimeError as error:
+        if not str(error).startswith("_apply(): Couldn't swap"):
+            raise
+        torch.__future__.set_swap_module_params_on_conversion(False)
+        return _MODULE_APPLY(self, fn, recurse=False)
+    finally:
+        with _swapping:
+            _applying -= 1
+            if _applying == 0:
+                torch.__future__.set_swap_module_params_on_conversion(_flag_before)

@@ -1,0 +1,536 @@
+"""`init_process_group("nccl")` on emulated GPUs: real numbers through gloo, time from the NCCL cost model.
+
+A CPU build of PyTorch has no NCCL, yet almost every multi-GPU program names it (or lets torchrun pick
+it). While an emulator is active, "nccl" builds an `EmulatedNCCL` group: each collective or send/recv
+moves the real values through a gloo group underneath (ranks may be threads or processes), and is
+charged to the simulated clock on a communication stream of the rank's GPU, as NCCL runs its kernels
+on a stream of its own. All ranks agree on when a collective starts (the latest rank to be ready), so
+the timeline is the same in every run.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+from torch.nn.parallel import DistributedDataParallel
+
+from course.cuda import backward_hooks, cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives
+from course.cuda.devices import CPU, EmulatedTensor, current_emulator
+from course.cuda.kernels import host_scratch_ready, mark_host_scratch
+from course.machine import costs
+
+_TIME = torch.int64
+
+
+def _flat(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat(v)]
+    return []
+
+
+def _by_count(tensor):
+    """NCCL's all-gather and reduce-scatter into one tensor go by element count, gloo by the first dimension
+    (SyncBatchNorm gathers into a 1 x n tensor): give gloo flat views of the same memory."""
+    return _unwrap(tensor).view(-1)
+
+
+def _unwrap(value):
+    """The CPU tensors gloo moves: an EmulatedTensor's inner tensor shares its storage, so in-place works."""
+    if isinstance(value, EmulatedTensor):
+        return value._inner
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(v) for v in value)
+    return value
+
+
+def _premul_sum(opts, tensors, in_place: bool):
+    """NCCL's PREMUL_SUM (FSDP's gradient divide factor, `dist._make_nccl_premul_sum`): every rank's input times
+    a factor, then summed. gloo has no such op, so the inputs are scaled here (in their own dtype, as NCCL casts
+    the factor) and gloo sums them; `in_place=False` scales copies, leaving the caller's inputs as NCCL does."""
+    if opts.reduceOp.op != dist.ReduceOp.PREMUL_SUM:
+        return tensors
+    factor = _unwrap(opts.reduceOp.factor)
+    opts.reduceOp = dist.ReduceOp.SUM
+    scale = (lambda t: t.mul_(torch.as_tensor(factor, dtype=t.dtype))) if in_place else \
+        (lambda t: t * torch.as_tensor(factor, dtype=t.dtype))
+    return _map(scale, tensors)
+
+
+def _map(fn, value):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    return type(value)(_map(fn, v) for v in value)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _needs_values(name: str, tensors) -> None:
+    """gloo moves the values underneath, and a shape-only tensor has none (gloo would fail with "Bad address")."""
+    if any(t.is_meta or (isinstance(t, EmulatedTensor) and t._inner.is_meta) for t in tensors):
+        raise NotImplementedError(
+            f"nccl:{name} needs values, and this tensor is shape-only (course.emulate(materialize=False)); "
+            "run distributed code with materialize=True.")
+
+
+class _Done(dist.Work):
+    """A finished collective. `wait()` makes the current stream wait for it, as NCCL's work.wait() does
+    (the host is not blocked)."""
+
+    def __init__(self, group: "EmulatedNCCL", end_ns: int, result, pending=()):
+        super().__init__()
+        self._group, self._end_ns, self._pending = group, end_ns, list(pending)
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+        if group._coalescing:
+            group._last_work = self
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._pending:
+            work.wait()
+        self._pending.clear()
+        self._group._current_stream_waits(self._end_ns)
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def result(self) -> list:
+        """The output tensors, as ProcessGroupNCCL's work gives them."""
+        return self._future.value()
+
+
+class _Recv(_Done):
+    """A posted receive: its values and its timing are known only once the message has arrived."""
+
+    def __init__(self, group, tensors, src: int, tag: int):
+        super().__init__(group, 0, list(tensors))
+        self._tensors, self._src = tensors, src
+        self._sender_ready = torch.zeros(1, dtype=_TIME)
+        self._pending = [group._gloo.recv(_unwrap(tensors), src, tag),
+                         group._gloo.recv([self._sender_ready], src, tag)]
+        self._done = False
+
+    def wait(self, timeout=None) -> bool:
+        if not self._done:
+            for work in self._pending:
+                work.wait()
+            self._pending.clear()
+            self._end_ns = self._group._finish_recv(self._tensors, self._src, int(self._sender_ready))
+            self._done = True
+        self._group._current_stream_waits(self._end_ns)
+        return True
+
+
+class EmulatedNCCL(dist.ProcessGroup):
+    """The process group `init_process_group("nccl")` gives on emulated GPUs (see the module docstring)."""
+
+    class Options:
+        """Stands in for ProcessGroupNCCL.Options: init_process_group sets these attributes."""
+
+        def __init__(self):
+            self._timeout = datetime.timedelta(minutes=10)
+            self.is_high_priority_stream = False
+
+    def __init__(self, store, rank: int, size: int, options=None):
+        super().__init__(rank, size)
+        self._emu = current_emulator('init_process_group("nccl")')
+        timeout = getattr(options, "_timeout", None) or datetime.timedelta(minutes=10)
+        self._gloo_group = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._streams: dict[int, int] = {}
+        self._device: int | None = None  # the rank's GPU, learnt from the first tensors it sends
+        self._sent_clock = torch.zeros(1, dtype=_TIME)
+        _install_sharded_support(self._emu)
+
+    @property
+    def _gloo(self):
+        if self._gloo_group is None:
+            raise RuntimeError("this process group was destroyed (destroy_process_group): make a new one with "
+                               "init_process_group before communicating again")
+        return self._gloo_group
+
+    # -- what torch.distributed asks of a backend ----------------------------------------------------
+    def getBackendName(self) -> str:
+        return "nccl"
+
+    def shutdown(self) -> None:
+        """destroy_process_group: shut the gloo group down and drop it now. Left to interpreter exit, its
+        destructor can run after Python is gone and abort the process ("terminate called without an active
+        exception", about 1 run in 10 of a torchrun script)."""
+        gloo, self._gloo_group = self._gloo_group, None
+        if gloo is not None:
+            gloo.shutdown()
+
+    def abort(self) -> None:
+        """As shutdown: there is no communicator to abort, only the gloo group to let go."""
+        self.shutdown()
+
+    def _set_sequence_number_for_group(self) -> None:
+        """NCCL numbers its collectives for debugging; nothing to number here."""
+
+    def __repr__(self) -> str:
+        return f"<EmulatedNCCL rank {self.rank()} of {self.size()} on emulated cuda:{self._device}>"
+
+    # -- the per-device Backend torch asks for -------------------------------------------------------
+    # A C++ process group keeps one Backend per device type; this group is its own backend for every
+    # device. `init_process_group(device_id=...)`, FSDP2's buffer allocation and batch_isend_irecv ask
+    # it what it supports: no communicator splitting (new groups are made afresh), no coalesced batches of
+    # point-to-point ops (each runs on its own), no special tensor allocator. torch sets `bound_device_id` on
+    # the group it replaces by this one, so it stays unset here: DeviceMesh then makes its sub-groups with
+    # new_group, which works, instead of splitting a communicator.
+    supports_splitting = supports_coalescing = supports_time_estimate = False
+
+    def _get_backend(self, device):
+        return self
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    @property
+    def _device_types(self) -> list:
+        """The devices the group serves, as a C++ group lists its backends': CUDA, and the CPU too when
+        init_process_group named a CPU backend ("cpu:gloo,cuda:nccl"). Object collectives pick their device from
+        it, and DCP's async_save refuses a group without the CPU, just before it stages the tensors: the
+        staging of emulated ones is put in place here if DCP was imported after the group was made.
+        (gloo underneath moves CPU tensors either way.)"""
+        _install_sharded_support(self._emu)
+        config = distributed_c10d._world.pg_backend_config.get(self, "cuda:nccl")
+        return [torch.device(entry.split(":")[0]) for entry in config.split(",")]
+
+    _coalescing = False
+    _last_work = None
+
+    def _start_coalescing(self, device) -> None:
+        """`dist._coalescing_manager(device=...)`: NCCL groups the collectives up to `_end_coalescing` into one
+        launch; here each still runs on its own, and the work of the last one stands for the batch. Only then is
+        a work kept by the group: it holds its outputs, whose memory must be freed when the caller drops them."""
+        self._coalescing, self._last_work = True, None
+
+    def _end_coalescing(self, device):
+        work = self._last_work or _Done(self, self._emu.clock.host_ns, [])
+        self._coalescing, self._last_work = False, None
+        return work
+
+    def eager_connect_single_device(self, device) -> None:
+        """NCCL connects its communicator early when given a device_id; the gloo group is connected."""
+
+    # C++ ProcessGroup keeps its name and description in its backends, and a Python group has none
+    # registered ("ProcessGroup name not set" from DeviceMesh, functional collectives, FSDP2): keep them here.
+    _name = _desc = ""
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        _install_sharded_support(self._emu)
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    group_name = property(getGroupName)
+    group_desc = property(getGroupDesc)
+
+    # -- timing ----------------------------------------------------------------------------------
+    def _lane(self, tensors) -> tuple[int, int]:
+        """The rank's GPU (from its tensors, else the last one it used, else NCCL's guess) and NCCL's stream on it.
+
+        Guessing from the rank, not from the calling thread's current device, keeps rank threads off each
+        other's streams before they call set_device: the timeline is then the same on every run."""
+        _install_sharded_support(self._emu)
+        gpus = [t._device_index for t in tensors if isinstance(t, EmulatedTensor) and t._device_index != CPU]
+        if gpus:
+            self._device = gpus[0]
+        elif self._device is None:  # as ProcessGroupNCCL guesses (guessDeviceForRank): rank % local GPUs
+            self._device = self.rank() % self._emu.num_gpus
+        if self._device not in self._streams:
+            self._streams[self._device] = self._emu.new_stream_id(self._device)
+        return self._device, self._streams[self._device]
+
+    def _ready_ns(self, tensors, device: int, stream: int) -> int:
+        """When this rank could start: its host has launched, its inputs and both streams are ready."""
+        clock = self._emu.clock
+        ready = [clock.host_ns + clock.host_launch_ns, clock.stream_ready(device, stream),
+                 clock.stream_ready(device, self._emu.current_stream_id(device))]
+        for t in tensors:
+            ready.append(t.ready_ns if isinstance(t, EmulatedTensor) else host_scratch_ready(t))
+        return max(ready)
+
+    def _charge(self, name: str, tensors, outputs, duration_ns: int, start_ns: int, nbytes: int) -> int:
+        device, stream = self._lane(tensors)
+        end = self._emu.clock.record_span("collective", f"nccl:{name}", device, stream, start_ns,
+                                          start_ns + duration_ns, nbytes)
+        for t in outputs:
+            if isinstance(t, EmulatedTensor):
+                t._block.ready_ns = max(t._block.ready_ns, end)
+            elif t.dim() > 0:
+                mark_host_scratch(t, end)
+        return end
+
+    def _current_stream_waits(self, end_ns: int) -> None:
+        emu = self._emu
+        device = self._device if self._device is not None else emu.current_device()
+        key = (device, emu.current_stream_id(device))
+        with emu.clock.lock:
+            emu.clock.stream_ready_ns[key] = max(emu.clock.stream_ready(*key), end_ns)
+
+    def _collective(self, name: str, cost, call, inputs, outputs, nbytes: int):
+        """Run `call` on the CPU tensors through gloo, then charge `cost(nbytes)` from the agreed start."""
+        tensors = _flat(inputs) + _flat(outputs)
+        device, stream = self._lane(tensors)
+        start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
+        _needs_values(name, tensors)
+        call().wait()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([start], opts).wait()
+        end = self._charge(name, tensors, _flat(outputs), cost(nbytes), int(start), nbytes)
+        return _Done(self, end, outputs if isinstance(outputs, list) else [outputs])
+
+    def _link_cost(self, model):
+        link, n = self._emu.collective_link(range(self.size())), self.size()
+        return lambda nbytes: model(link, nbytes, n)
+
+    # -- collectives -----------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
+        return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
+                                lambda: self._gloo.allreduce(inner, opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
+        return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
+                                lambda: self._gloo.allreduce_coalesced(inner, opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        return self._collective("broadcast", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.broadcast(_unwrap(tensors), opts), tensors, tensors,
+                                _nbytes(tensors))
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        inner = _unwrap(tensors)
+        scaled = _premul_sum(opts, inner, in_place=False)
+
+        def call():
+            work = self._gloo.reduce(scaled, opts)
+            if scaled is not inner:
+                work.wait()
+                if self.rank() == opts.rootRank:
+                    inner[opts.rootTensor].copy_(scaled[opts.rootTensor])
+            return work
+        return self._collective("reduce", self._link_cost(costs.broadcast_ns), call, tensors, tensors,
+                                _nbytes(tensors))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts or distributed_c10d.AllgatherOptions()
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
+                                lambda: self._gloo.allgather(_unwrap(output_lists), _unwrap(inputs), opts),
+                                inputs, output_lists, _nbytes(_flat(output_lists)))
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        opts = opts or distributed_c10d.AllgatherOptions()
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
+                                lambda: self._gloo.allgather_coalesced(_unwrap(output_lists), _unwrap(inputs), opts),
+                                inputs, output_lists, _nbytes(_flat(output_lists)))
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or distributed_c10d.AllgatherOptions()
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
+                                lambda: self._gloo._allgather_base(_by_count(output), _by_count(input), opts),
+                                [input], [output], _nbytes([output]))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1]
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
+                                lambda: self._gloo.reduce_scatter(
+                                    _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False), opts),
+                                input_lists, outputs, _nbytes(_flat(input_lists)))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
+                                lambda: self._gloo._reduce_scatter_base(
+                                    _by_count(output), _premul_sum(opts, _by_count(input), in_place=False), opts),
+                                [input], [output], _nbytes([input]))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1]
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _all_to_all_cost(self, nbytes: int) -> int:
+        """Every rank sends (n-1)/n of its bytes, one peer after another over its link."""
+        n = self.size()
+        return costs.copy_ns(self._emu.link, nbytes * (n - 1) // max(n, 1)) if n > 1 else 0
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._collective("all_to_all", self._all_to_all_cost,
+                                lambda: self._gloo.alltoall_base(_unwrap(output), _unwrap(input),
+                                                                 output_split_sizes, input_split_sizes, opts),
+                                [input], [output], _nbytes([input]))
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._collective("all_to_all", self._all_to_all_cost,
+                                lambda: self._gloo.alltoall(_unwrap(outputs), _unwrap(inputs), opts),
+                                inputs, outputs, _nbytes(_flat(inputs)))
+
+    def gather(self, outputs, inputs, opts=None):
+        opts = opts or dist.GatherOptions()
+        return self._collective("gather", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.gather(_unwrap(outputs), _unwrap(inputs), opts),
+                                inputs, outputs, _nbytes(_flat(inputs)) * self.size())
+
+    def scatter(self, outputs, inputs, opts=None):
+        opts = opts or dist.ScatterOptions()
+        return self._collective("scatter", self._link_cost(costs.broadcast_ns),
+                                lambda: self._gloo.scatter(_unwrap(outputs), _unwrap(inputs), opts),
+                                inputs, outputs, _nbytes(_flat(outputs)) * self.size())
+
+    def barrier(self, opts=None):
+        flag = torch.zeros(1)
+        return self._collective("barrier", self._link_cost(costs.ring_allreduce_ns),
+                                lambda: self._gloo.allreduce([flag]), [], [], 0)
+
+    # -- point to point --------------------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int = 0):
+        """Post the values and this rank's ready time; the sender's stream is busy for the transfer."""
+        _needs_values("send", tensors)
+        device, stream = self._lane(tensors)
+        ready = self._ready_ns(tensors, device, stream)
+        clock_msg = torch.tensor([ready], dtype=_TIME)
+        works = [self._gloo.send(_unwrap(tensors), dst, tag), self._gloo.send([clock_msg], dst, tag)]
+        nbytes = _nbytes(tensors)
+        end = self._charge(f"send to {dst}", tensors, [], costs.copy_ns(self._emu.link, nbytes), ready, nbytes)
+        return _Done(self, end, list(tensors), pending=works)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        _needs_values("recv", tensors)
+        return _Recv(self, tensors, src, tag)
+
+    def _finish_recv(self, tensors, src: int, sender_ready_ns: int) -> int:
+        """The transfer starts when both the sender and this receiver are ready."""
+        device, stream = self._lane(tensors)
+        start = max(sender_ready_ns, self._ready_ns(tensors, device, stream))
+        nbytes = _nbytes(tensors)
+        return self._charge(f"recv from {src}", tensors, tensors, costs.copy_ns(self._emu.link, nbytes), start,
+                            nbytes)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise NotImplementedError(
+            "recv from any source is not modelled by the GPU emulator (NCCL does not support it either); "
+            "name the sending rank: dist.recv(tensor, src=...).")
+
+
+def _install_sharded_support(emu) -> None:
+    """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
+    needs), FSDP1's refusal to shard (course/cuda/fsdp1.py), DCP's async staging (course/cuda/dcp_staging.py) and funcol's
+    wrapper, in place once their torch modules are imported.
+
+    Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
+    of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
+    calls this cheap check: the first call after the import puts the handling in place.
+    """
+    if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
+        for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
+            emu._patch(target, replacements)  # undone when the emulator stops
+    for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches() + dcp_staging.patches():
+        emu._patch(target, replacements)
+    functional_collectives.register()
+
+
+def _nccl_available() -> bool:
+    return True
+
+
+_broadcast_coalesced_in_cpp = dist._broadcast_coalesced
+
+
+def _broadcast_coalesced(process_group, tensors, buffer_size: int, src: int = 0) -> None:
+    """DDP's parameter and buffer broadcast, one device at a time. C++ buckets the tensors by device, and sees an
+    emulated tensor's device as the CPU: a module spread over two GPUs (DDP with model parallelism) would be
+    flattened into one bucket and fail with 'Expected all tensors to be on the same device'. Every rank groups
+    its tensors in the same order (by first appearance), so the broadcasts still pair up."""
+    by_device: dict = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    for group in by_device.values():
+        _broadcast_coalesced_in_cpp(process_group, group, buffer_size, src)
+
+
+# What course.emulate puts in place in torch.distributed while it is active. NCCL's default timeout is
+# 10 minutes (torch/distributed/constants.py, when NCCL is built in).
+C10D_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
+                "default_pg_nccl_timeout": datetime.timedelta(minutes=10)}
+DIST_PATCHES = {"is_nccl_available": _nccl_available, "ProcessGroupNCCL": EmulatedNCCL,
+                "_broadcast_coalesced": _broadcast_coalesced}
+
+
+def _ddp_init(original):
+    """DDP without `gradient_as_bucket_view` on emulated GPUs: the reducer's buckets are plain CPU tensors to
+    Python (see kernels.host_scratch_ready), so gradients that were views of them would read as CPU tensors.
+    The values are the same; the memory is one gradient copy more than on a GPU, and a warning says so."""
+    @functools.wraps(original)
+    def __init__(self, module, *args, **kwargs):
+        if kwargs.get("gradient_as_bucket_view") and any(isinstance(p, EmulatedTensor) for p in module.parameters()):
+            warnings.warn("The GPU emulator runs DDP with gradient_as_bucket_view=False: same gradients, but "
+                          "memory counts one extra copy of them.", stacklevel=2)
+            kwargs["gradient_as_bucket_view"] = False
+        original(self, module, *args, **kwargs)
+    return __init__
+
+
+def _register_comm_hook(original):
+    """A comm hook runs with torch.cuda taking its bucket's host device for the bucket's GPU (cuda_api._comm_hook)."""
+    @functools.wraps(original)
+    def register_comm_hook(self, state, hook):
+        @functools.wraps(hook)
+        def on_the_bucket_gpu(state, bucket):
+            gpus = [p.get_device() for p in bucket.parameters()[:1] if isinstance(p, EmulatedTensor)]
+            if not gpus or gpus[0] == CPU:
+                return hook(state, bucket)
+            with cuda_api.comm_hook_on(gpus[0]):
+                return hook(state, bucket)
+        return original(self, state, on_the_bucket_gpu)
+    return register_comm_hook
+
+
+DDP_PATCHES = {"__init__": _ddp_init(DistributedDataParallel.__init__),
+               "register_comm_hook": _register_comm_hook(DistributedDataParallel.register_comm_hook)}
