@@ -29,7 +29,7 @@ def fingerprint(chapter: str) -> str:
     """What the expected results depend on: the solution, the references, grading.py and the course package."""
     h = hashlib.sha256()
     files = [SOLUTIONS / chapter / f"{chapter}.ipynb", GRADING, *sorted(REFERENCES.glob("*.py")),
-             *sorted((ROOT / "course").glob("*.py"))]
+             *sorted((ROOT / "course").rglob("*.py"))]
     for path in files:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

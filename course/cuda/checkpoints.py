@@ -16,7 +16,7 @@ tag, remapped by `map_location`, to the deserializers of the same registry. Whil
 
 So `map_location` (None, a device string or `torch.device`, a dict, a callable) and `weights_only=True` work
 as on a GPU box, and outside the emulator torch.load asks for `map_location="cpu"`, as a CPU-only machine
-does. Other pickling (torch.multiprocessing, object collectives) keeps `devices._rebuild_emulated`.
+does. Other pickling (torch.multiprocessing, object collectives) sends a CPU copy and the device (`reduce_ex`).
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ import torch
 import torch._utils
 import torch.serialization
 
+from course.cuda import devices
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, parse_device, wrap
-from course.cuda.transfers import charge_copy
+from course.cuda.transfers import charge_copy, move, to_host_copy
 
 _original_restore_device = torch._utils._restore_device_fake_mode
 _original_storage_to = torch.UntypedStorage.to
@@ -56,6 +57,24 @@ def _during_save(save):
         finally:
             _saving.storages = outer
     return wrapper
+
+
+def reduce_ex(tensor: EmulatedTensor):
+    """`EmulatedTensor.__reduce_ex__`: inside torch.save, what a CUDA tensor saves as; other pickling
+    (torch.multiprocessing, object collectives) sends a CPU copy plus the device, rebuilt there."""
+    if saving():
+        return reduce_for_save(tensor)
+    return (_rebuild_emulated, (to_host_copy(tensor), tensor._device_index, tensor.requires_grad))
+
+
+def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):
+    """Unpickling inside an emulator gives the tensor back on its fake GPU; outside, on the CPU."""
+    if devices.active is None or device_index == CPU:
+        return host_tensor.requires_grad_(requires_grad)
+    return move(host_tensor, device_index).requires_grad_(requires_grad)
+
+
+torch.serialization.add_safe_globals([_rebuild_emulated])
 
 
 def reduce_for_save(tensor: EmulatedTensor):

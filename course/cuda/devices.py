@@ -1,14 +1,17 @@
 """Fake CUDA tensors: a real CPU (or shape-only meta) tensor inside, a `cuda:i` device outside.
 
-Every aten op on them, forward and backward, arrives in `__torch_dispatch__`, which checks devices
-the way CUDA PyTorch does, runs the op on the CPU, charges its cost to the simulated clock and
-counts the memory it allocates. The C++ device stays cpu/meta: a C++ `cuda` device aborts backward.
+Every aten op on them, forward and backward, arrives in `__torch_dispatch__`, which hands it to the
+dispatcher (course/cuda/kernels.py): it checks devices the way CUDA PyTorch does, runs the op on the CPU,
+charges its cost to the simulated clock and counts the memory it allocates. The C++ device stays cpu/meta:
+a C++ `cuda` device aborts backward. This module is the bottom of the CUDA layer: the modules that give the
+tensor its behaviour sit above it and are connected through `hooks`.
 """
 from __future__ import annotations
 
 import copy
 import functools
 import os
+from types import SimpleNamespace
 
 import torch
 import torch.utils._foreach_utils
@@ -24,6 +27,11 @@ CPU = -1  # device index of the host in the emulator's bookkeeping
 
 # Set by course.emulate() while an emulator is active; see course/cuda/emulator.py.
 active = None
+
+# How an EmulatedTensor answers PyTorch: Python-level torch calls (interception.handle_torch_function), aten ops
+# (kernels.run_kernel) and pickling (checkpoints.reduce_ex). Those modules need this one, so it cannot import
+# them: course/cuda/emulator.py, which imports them all, connects them here.
+hooks = SimpleNamespace(torch_function=None, torch_dispatch=None, reduce_ex=None)
 
 
 def device_name(index: int) -> str:
@@ -170,30 +178,21 @@ class EmulatedTensor(torch.Tensor):
         return twin
 
     def __reduce_ex__(self, protocol):
-        """Inside torch.save, what a CUDA tensor saves as (see course/cuda/checkpoints.py); other pickling
-        (torch.multiprocessing, object collectives) sends a CPU copy plus the device, rebuilt there."""
-        from course.cuda import checkpoints
-        from course.cuda.transfers import to_host_copy
-
-        if checkpoints.saving():
-            return checkpoints.reduce_for_save(self)
-        return (_rebuild_emulated, (to_host_copy(self), self._device_index, self.requires_grad))
+        """Inside torch.save, what a CUDA tensor saves as; other pickling sends a CPU copy plus the device
+        (course/cuda/checkpoints.py)."""
+        return hooks.reduce_ex(self)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # errors read from the learner's line (see interception.handle_torch_function)
-        from course.cuda.interception import handle_torch_function
-
-        return handle_torch_function(func, args, kwargs or {})
+        return hooks.torch_function(func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from course.cuda.kernels import run_kernel
-
         __tracebackhide__ = True
         emu = active if active is not None else current_emulator(str(func))
         try:
-            return run_kernel(emu, func, args, kwargs or {})
+            return hooks.torch_dispatch(emu, func, args, kwargs or {})
         except Exception as error:
             if KEEP_FRAMES:
                 raise
@@ -207,18 +206,6 @@ for _supported in (_optimizer._foreach_supported_types,
                    torch.utils._foreach_utils._foreach_supported_types):
     if EmulatedTensor not in _supported:
         _supported.append(EmulatedTensor)
-
-
-def _rebuild_emulated(host_tensor: torch.Tensor, device_index: int, requires_grad: bool):
-    """Unpickling inside an emulator gives the tensor back on its fake GPU; outside, on the CPU."""
-    if active is None or device_index == CPU:
-        return host_tensor.requires_grad_(requires_grad)
-    from course.cuda.transfers import move
-
-    return move(host_tensor, device_index).requires_grad_(requires_grad)
-
-
-torch.serialization.add_safe_globals([_rebuild_emulated])
 
 
 def _format(tensor: EmulatedTensor) -> str:

@@ -19,9 +19,8 @@ import torch.cuda.nvtx
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course import autostart
-from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, interception, kernels, module_calls,
-                         nccl, profiling)
+from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, environment, interception, kernels,
+                         module_calls, nccl, profiling)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -29,6 +28,11 @@ from course.machine.clock import Clock
 from course.machine.memory import DeviceMemory
 from course.machine.trace import TraceEvent
 
+
+# An EmulatedTensor's behaviour comes from modules above the one that defines it (see devices.hooks).
+devices.hooks.torch_function = interception.handle_torch_function
+devices.hooks.torch_dispatch = kernels.run_kernel
+devices.hooks.reduce_ex = checkpoints.reduce_ex
 
 _ABSENT = object()  # what _patch remembers for a name the module did not have (ProcessGroupNCCL on a CPU build)
 
@@ -139,7 +143,7 @@ class Emulator:
             self._patch(target, replacements)
         devices.active = self
         autocast.install()
-        self._env_before = autostart.publish(self._config())
+        self._env_before = environment.publish(self._config())
         self._mode = EmulatorMode()
         self._mode.__enter__()
         return self
@@ -152,7 +156,7 @@ class Emulator:
         autocast.uninstall()
         profiling.stop_recordings(self)
         devices.active = self._outer
-        autostart.restore(self._env_before)
+        environment.restore(self._env_before)
         for module, name, original in reversed(self._saved):
             if original is _ABSENT:
                 delattr(module, name)

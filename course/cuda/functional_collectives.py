@@ -44,11 +44,11 @@ def _empty(like: EmulatedTensor, shape) -> EmulatedTensor:
 
 
 def _group(group_name):
-    from course.cuda.nccl import EmulatedNCCL
-
+    """The emulated NCCL group the op names, else None. While the emulator runs, torch.distributed's
+    ProcessGroupNCCL is course/cuda/nccl.py's EmulatedNCCL (nccl.C10D_PATCHES), and these rules only run then."""
     group = group_name if isinstance(group_name, dist.ProcessGroup) else \
         distributed_c10d._resolve_process_group(group_name)
-    return group if isinstance(group, EmulatedNCCL) else None
+    return group if isinstance(group, distributed_c10d.ProcessGroupNCCL) else None
 
 
 def _options(kind, reduce_op=None):

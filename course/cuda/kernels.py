@@ -15,6 +15,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import cuda_only_ops
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, wrap
+from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
+from course.cuda.transfers import copy_into, read_scalar
 from course.machine import costs
 
 
@@ -125,8 +127,6 @@ def _from_torch_internals() -> bool:
     """
     if torch._C._current_autograd_node() is not None:
         return True
-    from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
-
     routing, mode = handle_torch_function.__code__, EmulatorMode.__torch_function__.__code__
     frame = sys._getframe(2)
     while frame is not None:
@@ -235,12 +235,8 @@ def run_kernel(emu, func, args, kwargs):
         device = t._device_index
     if info.special:
         if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
-            from course.cuda.transfers import copy_into
-
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
-            from course.cuda.transfers import read_scalar
-
             return read_scalar(args[0])
     try:
         out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
