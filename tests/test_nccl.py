@@ -280,3 +280,26 @@ def test_send_of_a_shape_only_tensor_says_to_materialize():
             dist.recv(x, src=0)
     with course.emulate(gpus=2, materialize=False), pytest.raises(RankFailed, match="materialize=True"):
         course.run_threads(ranks, 2, backend="nccl", timeout_s=20)
+
+
+def _bf16_hooked_gradient(rank, world_size):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+    torch.cuda.set_device(rank)
+    model = DDP(nn.Linear(4, 2, bias=False).cuda(), device_ids=[rank])
+    model.register_comm_hook(None, bf16_compress_hook)
+    x = torch.arange(12.0, device="cuda").reshape(3, 4) / 7 + rank
+    model(x).sum().backward()
+    return model.module.weight.grad.cpu()
+
+
+def test_ddp_takes_the_bf16_compress_hook_as_on_a_cuda_box():
+    """DDP refuses bf16_compress_hook on a build without CUDA; the emulated box has CUDA and NCCL 2.10+, and the
+    averaged gradient is the bf16-rounded one."""
+    with course.emulate(gpus=2):
+        grads = course.run_threads(_bf16_hooked_gradient, 2, backend="nccl")
+    per_rank = [(torch.arange(12.0).reshape(3, 4) / 7 + r).sum(0).expand(2, 4) for r in range(2)]
+    exact = (per_rank[0] + per_rank[1]) / 2
+    compressed = sum((g / 2).bfloat16() for g in per_rank).float()
+    for grad in grads:
+        torch.testing.assert_close(grad, compressed)
+        assert not torch.equal(grad, exact)
