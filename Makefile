@@ -68,9 +68,19 @@ system-packages: ## install what make test needs from Debian (bubblewrap, chromi
 		echo "  sudo sh -c '$(APT_INSTALL)'" >&2; \
 		echo "then make test again (or ALLOW_SKIP=1 make test to skip those tests)." >&2; exit 1; fi
 
+# The browser walk spends much of its time waiting for pages and kernels, so it runs beside the other tests and
+# nbval (its output kept in $(BROWSER_LOG) and printed after them); make test fails if any of the three fails.
+BROWSER_LOG = .browser-test.log
+
 test: system-packages setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
-	$(PY) -m pytest -q
-	$(NBVAL)
+	@$(PY) -m pytest -q -p no:cacheprovider --basetemp=.pytest-browser tests/test_browser.py >$(BROWSER_LOG) 2>&1 & \
+	walk=$$!; \
+	echo "$(PY) -m pytest -q --ignore=tests/test_browser.py   (tests/test_browser.py beside it, in $(BROWSER_LOG))"; \
+	$(PY) -m pytest -q --ignore=tests/test_browser.py; rest=$$?; \
+	echo '$(NBVAL)'; $(NBVAL); nbval=$$?; \
+	wait $$walk; browser=$$?; \
+	echo "== tests/test_browser.py"; cat $(BROWSER_LOG); \
+	[ $$rest -eq 0 ] && [ $$nbval -eq 0 ] && [ $$browser -eq 0 ]
 
 test-quick: setup ## the emulator's unit tests only (no notebooks, browser or processes), stop at the first failure
 	$(PY) -m pytest -q -x -m "not slow" --ignore=tests/test_notebooks.py --ignore=tests/test_browser.py \
