@@ -1,4 +1,5 @@
-"""The package's layers (course/__init__.py says what each holds): lessons -> cuda -> machine, imports never upward and never in a cycle.
+"""The package's layers (course/__init__.py says what each holds): lessons -> cuda -> machine, imports never
+upward and never in a cycle.
 
 Every module of course/ is parsed (not imported), and every import in it is checked, function-local ones too: a
 function-local import is still a dependency, and hiding a cycle in one is what this test is here to stop.
