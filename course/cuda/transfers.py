@@ -75,11 +75,14 @@ def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
     return ready_ns if pinned_by is not None and pinned_by() is clock else 0
 
 
-def _shared_links(emu, route: list[tuple], nbytes: int, alone_ns: int, rate: float, reads_host: bool = False):
+def _shared_links(emu, route: list[tuple], nbytes: int, alone_ns: int, rate: float | None = None,
+                  reads_host: bool = False):
     """The duration of a copy over `route` as a function of its start: `alone_ns` (its time with the links to
-    itself, at `rate` bytes/ns) plus however long it waits for bandwidth that copies already on those links
-    take, or loses reading host memory while its GPU writes there (course/machine/topology.py's LinkLedger)."""
+    itself, at `rate` bytes/ns, by default the route's whole capacity) plus however long it waits for bandwidth
+    that copies already on those links take, or loses reading host memory while its GPU writes there
+    (course/machine/topology.py's LinkLedger)."""
     capacity = topology.route_capacity(emu.machine, emu.link, emu.host_link, route)
+    rate = capacity if rate is None else rate
     transfer_ns = nbytes / rate
     latency_ns = alone_ns - transfer_ns
 
@@ -97,9 +100,7 @@ def _peer_duration(emu, src: int, dst: int, nbytes: int):
         return costs.copy_ns(emu.link, nbytes, pinned=True)
     alone = costs.peer_copy_ns(emu.machine, emu.link, emu.host_link, src, dst, nbytes)
     route = topology.peer_route(emu.machine, src, dst)
-    return _shared_links(emu, route, nbytes, alone, topology.route_capacity(emu.machine, emu.link, emu.host_link,
-                                                                             route),
-                         topology.reads_host_memory(emu.machine, src, dst))
+    return _shared_links(emu, route, nbytes, alone, reads_host=topology.reads_host_memory(emu.machine, src, dst))
 
 
 def _host_duration(emu, gpu: int, to_gpu: bool, nbytes: int, pinned: bool):
