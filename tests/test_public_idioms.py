@@ -127,3 +127,37 @@ def test_optimizers_take_the_foreach_path_per_gpu_as_on_cuda(emu):
     torch.testing.assert_close([p.cpu() for p in got], expected)
     assert "aten::_foreach_addcdiv_" in names and "aten::_foreach_norm" in names
     assert not [n for n in names if n.startswith("copy cuda") and n.endswith("->cpu")], "no device-to-host copy"
+
+
+def test_gpu_tensors_are_shared_and_share_memory_is_a_no_op(emu):
+    """torch/_tensor.py: `is_shared()` is always True for CUDA tensors and `share_memory_()` a no-op (it crashed
+    on an emulated tensor's placeholder storage); CPU tensors still move to shared memory."""
+    model = nn.Linear(3, 2).to("cuda")
+    weight = model.weight.detach().clone()
+    assert model.share_memory() is model
+    assert model.weight.is_shared() and model.weight.is_cuda
+    torch.testing.assert_close(model.weight.detach(), weight)
+    host = torch.zeros(3)
+    assert not host.is_shared() and host.share_memory_().is_shared()
+
+
+def _use_the_gpu(queue):
+    try:
+        torch.ones(2, device="cuda")
+        queue.put("ran")
+    except RuntimeError as error:
+        queue.put(str(error))
+
+
+def test_a_forked_child_cannot_use_the_gpu_as_on_cuda(emu):
+    """A child forked from a process that uses CUDA gets CUDA's error; on the emulator it would otherwise compute
+    on private copies of the parent's GPU tensors, which the parent never sees."""
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_use_the_gpu, args=(queue,))
+    child.start()
+    said = queue.get(timeout=60)
+    child.join()
+    assert said.startswith("Cannot re-initialize CUDA in forked subprocess")
+    assert torch.ones(2, device="cuda").sum().item() == 2.0  # the parent is untouched

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, rng
+from course.cuda import cuda_bindings, rng, sharing
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.machine.memory import DeviceMemory
@@ -403,6 +403,7 @@ def compile(model=None, **options):  # noqa: A001 - named as torch.compile
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
+    "_is_in_bad_fork": sharing.in_bad_fork,
     "device_count": device_count,
     "current_device": current_device,
     "set_device": set_device,

@@ -27,6 +27,8 @@ CPU = -1  # device index of the host in the emulator's bookkeeping
 
 # Set by course.emulate() while an emulator is active; see course/cuda/emulator.py.
 active = None
+# True in a process forked from an emulating one, where CUDA may not be used (course/cuda/sharing.py).
+forked_from_emulator = False
 
 # How an EmulatedTensor answers PyTorch: Python-level torch calls (interception.handle_torch_function), aten ops
 # (kernels.run_kernel) and pickling (checkpoints.reduce_ex). Those modules need this one, so it cannot import
@@ -48,6 +50,9 @@ def _device_object(index: int, torch_device=torch.device) -> torch.device:
 def current_emulator(what: str):
     """The active emulator, or a clear error if a fake-GPU tensor outlived its `with` block."""
     if active is None:
+        if forked_from_emulator:
+            raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+                               "you must use the 'spawn' start method")
         raise RuntimeError(
             f"{what}: this tensor lives on an emulated GPU, and no `with course.emulate(...)` block is "
             "active any more. Move results to the CPU with `.cpu()` inside the block."

@@ -11,7 +11,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention
+from course.cuda import attention, sharing
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 from course.machine import costs
@@ -290,6 +290,8 @@ _HANDLERS = {
     torch.Tensor.copy_: _copy_,
     torch.Tensor.pin_memory: _pin_memory,
     torch.Tensor.is_pinned: _is_pinned,
+    torch.Tensor.share_memory_: sharing.share_memory_,
+    torch.Tensor.is_shared: sharing.is_shared,
     torch.Tensor.numpy: _numpy,
     torch.Tensor.tolist: _tolist,
     torch.Tensor.new_tensor: _new_tensor,
