@@ -13,7 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def train(rank, model, device, steps):
+def train(rank, model, device, steps, queue, done):
+    if rank == 1:  # the last worker also takes a tensor off the queue and changes it in place
+        tensor = queue.get()
+        tensor.mul_(3)
+        done.put(str(tensor.device))
     torch.manual_seed(100 + rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
     for _ in range(steps):
@@ -21,12 +25,6 @@ def train(rank, model, device, steps):
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
-
-
-def scale_in_place(queue, done):
-    tensor = queue.get()
-    tensor.mul_(3)
-    done.put(str(tensor.device))
 
 
 if __name__ == "__main__":
@@ -37,23 +35,19 @@ if __name__ == "__main__":
     model = nn.Linear(10, 3).to(device)
     model.share_memory()
     before = model.weight.detach().clone()
+    queue, done = context.Queue(), context.Queue()
+    shared = torch.arange(4.0, device=device)
+    queue.put(shared)
     exit_codes = []
     for rank in range(2):
-        worker = context.Process(target=train, args=(rank, model, device, 4))
+        worker = context.Process(target=train, args=(rank, model, device, 4, queue, done))
         worker.start()
         worker.join()
         exit_codes.append(worker.exitcode)
-
-    queue, done = context.Queue(), context.Queue()
-    shared = torch.arange(4.0, device=device)
-    worker = context.Process(target=scale_in_place, args=(queue, done))
-    worker.start()
-    queue.put(shared)
     seen_on = done.get()
-    worker.join()
 
     print("RESULT " + json.dumps({
-        "exit_codes": exit_codes + [worker.exitcode],
+        "exit_codes": exit_codes,
         "weight_sum": model.weight.sum().item(),
         "moved": (model.weight.detach() - before).abs().sum().item(),
         "queued_tensor_after_worker": shared.tolist(),
