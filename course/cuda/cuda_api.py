@@ -226,6 +226,9 @@ class Event:
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self.time_ns is None or end_event.time_ns is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if self.device != end_event.device:  # cudaEventElapsedTime times events of one device only
+            raise RuntimeError(f"CUDA error: invalid resource handle\n(the events were recorded on {self.device} and "
+                               f"{end_event.device}: elapsed_time compares events of the same GPU)")
         if not end_event.query():
             raise RuntimeError(
                 "CUDA error: device not ready\n(the end event has not happened yet: call "
@@ -455,10 +458,47 @@ ACCELERATOR_PATCHES = {
     "synchronize": synchronize,
     "current_stream": current_stream,
     "device_index": device,
+    "set_stream": set_stream,
+    "current_device_idx": current_device,
+    "set_device_idx": set_device,
+    # torch.accelerator's memory API asks torch._C's accelerator bindings; torch.cuda's answers for the GPUs
+    "empty_cache": lambda: torch.cuda.empty_cache(),
+    "empty_host_cache": lambda: None,
+    "memory_stats": lambda device_index=None, /: torch.cuda.memory_stats(device_index),
+    "memory_allocated": lambda device_index=None, /: torch.cuda.memory_allocated(device_index),
+    "max_memory_allocated": lambda device_index=None, /: torch.cuda.max_memory_allocated(device_index),
+    "memory_reserved": lambda device_index=None, /: torch.cuda.memory_reserved(device_index),
+    "max_memory_reserved": lambda device_index=None, /: torch.cuda.max_memory_reserved(device_index),
+    "reset_accumulated_memory_stats": lambda device_index=None, /: torch.cuda.reset_accumulated_memory_stats(
+        device_index),
+    "reset_peak_memory_stats": lambda device_index=None, /: torch.cuda.reset_peak_memory_stats(device_index),
+    "get_memory_info": lambda device_index=None, /: torch.cuda.mem_get_info(device_index),
+}
+
+
+def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
+    """`torch._C._cuda_setStream`, which PyTorch's test harness calls directly (common_utils.CudaNonDefaultStream)."""
+    set_stream(Stream._existing(device_index, stream_id))
+
+
+def _stream_triple(stream: Stream) -> tuple[int, int, int]:
+    return stream.stream_id, stream.device_index, _CUDA
+
+
+# The device and stream bindings under torch.cuda's Python, for the code that calls them directly. Not
+# `_cuda_getDeviceCount`: torch.cuda._is_compiled() looks for it, and torch._dynamo would then import CUDA-only bindings.
+DEVICE_BINDINGS = {
+    "_cuda_setStream": _set_stream_by_id,
+    "_cuda_getCurrentStream": lambda device: _stream_triple(current_stream(device)),
+    "_cuda_getDefaultStream": lambda device: _stream_triple(default_stream(device)),
+    "_cuda_setDevice": lambda device: set_device(device),  # own objects: torch._dynamo's rules tell the two apart
+    "_cuda_getDevice": lambda: current_device(),
+    "_cuda_synchronize": lambda: synchronize(),
 }
 
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
     torch.cuda.random's own imports, torch.Generator."""
-    return cuda_bindings.PATCHES + rng.patches(num_gpus)
+    return cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})] \
+        + rng.patches(num_gpus)

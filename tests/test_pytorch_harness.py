@@ -1,0 +1,35 @@
+"""Test files written with PyTorch's own test harness (torch.testing._internal: TestCase, the device-type
+framework, MultiProcessTestCase), run unchanged under `python -m course --gpus 4`.
+
+On a CPU-only torch their CUDA tests are skipped; on emulated GPUs they must run and pass. Each test compares GPU
+results with CPU torch inside it, as PyTorch's tests do. cuDNN is the one skip expected: a CPU build has no cuDNN
+library for `torch.backends.cudnn.is_acceptable` to find.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).parent / "pytorch_harness"
+FILES = sorted(HARNESS.glob("*.py"))
+EXPECTED_SKIPS = {"cuDNN not available", "Only runs on cuda"}  # CPU-only tests instantiated beside the CUDA ones
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("test_file", FILES, ids=[f.stem for f in FILES])
+def test_runs_and_passes_on_emulated_gpus(test_file, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
+    env.update(PYTHONWARNINGS="ignore", TEMP_DIR=str(tmp_path), TMPDIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "course", "--gpus", "4", str(test_file), "-v"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    report = done.stderr
+    assert done.returncode == 0 and "\nOK" in report, f"{test_file.name}:\n{report[-4000:]}"
+    ran = int(re.search(r"Ran (\d+) test", report).group(1))
+    skips = re.findall(r"\.\.\. skipped '([^']*)'", report)
+    assert set(skips) <= EXPECTED_SKIPS, f"{test_file.name} skipped tests it should run: {skips}"
+    assert ran - len(skips) >= 2, f"{test_file.name}: only {ran - len(skips)} tests ran"
