@@ -32,4 +32,4 @@ def test_runs_and_passes_on_emulated_gpus(test_file, tmp_path):
     ran = int(re.search(r"Ran (\d+) test", report).group(1))
     skips = re.findall(r"\.\.\. skipped '([^']*)'", report)
     assert set(skips) <= EXPECTED_SKIPS, f"{test_file.name} skipped tests it should run: {skips}"
-    assert ran - len(skips) >= 2, f"{test_file.name}: only {ran - len(skips)} tests ran"
+    assert ran - len(skips) >= 1, f"{test_file.name}: only {ran - len(skips)} tests ran"

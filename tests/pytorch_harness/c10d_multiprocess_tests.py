@@ -1,3 +1,4 @@
+"""MultiProcessTestCase-style (c10d tests): collectives on nccl and DDP gradients, two spawned ranks."""
 import os, sys, torch, torch.distributed as dist
 from torch.testing._internal.common_distributed import MultiProcessTestCase, skip_if_lt_x_gpu, requires_nccl
 from torch.testing._internal.common_utils import run_tests
@@ -15,7 +16,7 @@ class NCCLStyleTest(MultiProcessTestCase):
         torch.cuda.set_device(self.rank)
     @requires_nccl()
     @skip_if_lt_x_gpu(2)
-    def test_allreduce_and_broadcast(self):
+    def test_collectives_and_ddp(self):  # one test: each spawns its processes
         self._init()
         t = torch.full((4,), float(self.rank + 1), device=f"cuda:{self.rank}")
         dist.all_reduce(t)
@@ -26,11 +27,7 @@ class NCCLStyleTest(MultiProcessTestCase):
         outs = [torch.empty(2, device="cuda") for _ in range(2)]
         dist.all_gather(outs, torch.full((2,), float(self.rank), device="cuda"))
         self.assertEqual([o.sum().item() for o in outs], [0.0, 2.0])
-        dist.destroy_process_group()
-    @requires_nccl()
-    @skip_if_lt_x_gpu(2)
-    def test_ddp_grads_match_local(self):
-        self._init()
+        # DDP's averaged gradients equal those of one model on the whole batch
         torch.manual_seed(0)
         m = torch.nn.Linear(4, 2).cuda(self.rank)
         ref = torch.nn.Linear(4, 2); ref.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})

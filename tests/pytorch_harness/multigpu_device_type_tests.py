@@ -1,3 +1,4 @@
+"""test_cuda_multigpu-style TestCase and device-type tests (instantiate_device_type_tests) on emulated GPUs."""
 import unittest, torch, torch.nn as nn
 from torch.testing._internal.common_utils import TestCase, run_tests, NoTest, skipIfRocm
 from torch.testing._internal.common_cuda import TEST_CUDA, TEST_MULTIGPU, TEST_CUDNN, SM80OrLater, PLATFORM_SUPPORTS_BF16, tf32_on_and_off
