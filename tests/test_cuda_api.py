@@ -304,3 +304,16 @@ def test_a_training_step_with_a_checkpointed_rng_state_matches_cpu(emu):
     emulated = losses("cuda:1", restore=True)
     assert emulated[2:4] == emulated[4:6]
     assert emulated == pytest.approx(losses("cpu", restore=True), rel=1e-6)
+
+
+def test_event_repr_and_host_copies_land_pinned():
+    """As torch.cuda.Event's repr, and `_to_copy`'s pin_out: a non-blocking copy to the host is pinned memory."""
+    with course.emulate(gpus=1):
+        event = torch.cuda.Event()
+        assert repr(event) == "<torch.cuda.Event uninitialized>"
+        event.record()
+        assert repr(event).startswith("<torch.cuda.Event 0x")
+        x = torch.randn(8, device="cuda")
+        assert x.to("cpu", non_blocking=True).is_pinned()
+        assert not x.to("cpu").is_pinned()
+        torch.testing.assert_close(x.to("cpu", non_blocking=True), x.cpu())

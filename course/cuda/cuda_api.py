@@ -202,6 +202,9 @@ class Event:
         self.time_ns: int | None = None
         self.device: torch.device | None = None
 
+    def __repr__(self):
+        return f"<torch.cuda.Event {id(self):#x}>" if self.device is not None else "<torch.cuda.Event uninitialized>"
+
     def record(self, stream: Stream | None = None) -> None:
         stream = stream or current_stream()
         if self.device is None:

@@ -59,11 +59,15 @@ def pin(tensor: torch.Tensor, copy: bool = True) -> torch.Tensor:
     if copy and emu is not None and hasattr(emu, "clock") and nbytes:
         emu.clock.host_busy(costs.host_copy_ns(nbytes), "pin_memory: host copy into pinned memory")
         pinned_at = (weakref.ref(emu.clock), emu.clock.host_ns)
-    address = pinned.untyped_storage().data_ptr()
+    return _register_pinned(pinned, pinned_at)
+
+
+def _register_pinned(tensor: torch.Tensor, pinned_at=(None, 0)) -> torch.Tensor:
+    address = tensor.untyped_storage().data_ptr()
     _pinned_storages.add(address)
     _pin_times.by_address[address] = pinned_at
-    weakref.finalize(pinned, _forget, address)
-    return pinned
+    weakref.finalize(tensor, _forget, address)
+    return tensor
 
 
 def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
@@ -159,7 +163,7 @@ def _raw_move(tensor: torch.Tensor, dst: int, non_blocking: bool) -> torch.Tenso
     if block is not None:
         block.ready_ns = end
     if dst == CPU and not new_inner.is_meta:
-        return new_inner
+        return _register_pinned(new_inner) if pinned and src != CPU else new_inner
     return wrap(new_inner, dst, block)
 
 
