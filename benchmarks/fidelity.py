@@ -9,7 +9,7 @@ The rows are split in two halves by a rule fixed before any error was looked at 
 rows a preset had already been fitted to are "calibration"; rows added after the split (to check model changes
 made after them) are "held-out"; every other row alternates held-out, calibration, held-out, ... in the order
 listed within its category (GEMM, device copy, host copy, peer copy, all-reduce, all-gather, eager decode,
-convolution training, end-to-end). Presets may be fitted to the calibration half only, so the held-out median
+convolution, end-to-end). Presets may be fitted to the calibration half only, so the held-out median
 and worst error are the headline: the clock is right where it was fitted, and only the error on the other
 half says how right it is elsewhere.
 Run: PYTHONPATH=. python benchmarks/fidelity.py
@@ -627,7 +627,7 @@ def _rows() -> list[Row]:
         Row(eager, "decode step as a fraction of its memory floor, Qwen-2.5-7B, ctx 2048", "H100 SXM", 0.27,
             "R_floor", PHYSICAL_AI + " (H100: 27% of the analytic memory floor)",
             lambda: qwen_decode_floor_fraction("H100")),
-        # ---- convolution training: ResNet-50 v1.5, one GPU ----
+        # ---- convolutions: ResNet-50 v1.5 training and inference, one GPU ----
         Row(conv, "ResNet-50 training, TF32, batch 256, NCHW", "A100 SXM 80GB (DGX A100)", 938, "img/s", RN50_DLE,
             lambda: resnet50_training_images_per_s("A100-80GB", 256, amp=False)),
         Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "A100 SXM 80GB (DGX A100)", 2470, "img/s", RN50_DLE,

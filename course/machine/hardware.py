@@ -78,6 +78,13 @@ GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), 
 # (GEMM, convolution and decode rows, conv efficiency refitted with it) it is worst at p = 2 (squared log error
 # 0.105) and best with no blending (0.100: the RTX 4090 512^3 row goes from -15% to -19% at p = 2), so it is not
 # used. Re-reading A once per column tile (256x64 tiles: three times) would make it slower still (2.5 ms).
+# Re-reading A from L2 once per column tile was tried as a tile speed set by operand traffic (a tm x tn tile does
+# tm*tn/(tm+tn) multiply-adds per element it loads; full speed above a threshold, proportionally slower below): the
+# calibration GEMM rows' squared log error is 0.11 at a threshold of 40 and grows to 0.54 at 85 (0.097 with the fixed
+# speeds below), because the RTX 4090's 512^3 row needs narrow tiles fast and the A100's 1024^3 row needs them slow;
+# at 80 (where 128x128 keeps its 0.8) the skinny row would be +25%. Not used. A serial epilogue (writing C after
+# the k loop, not under it) acts as a k overhead of about 166 on the A100 (its FLOP rate over its bandwidth), which
+# the grid search above rejected (it chose none).
 GEMM_TILE_K_OVERHEAD = 0
 # Skinny GEMMs (fewer than 64 rows or columns: decode steps, small micro-batches) do not use those tiles:
 # cuBLAS has narrow-tile and split-K kernels for them (split-K cuts k into slices so that a handful of output
@@ -245,6 +252,12 @@ NCCL_HOP_LATENCY_US = {"nvlink": 0.47, "pci": 1.0}
 # benchmarks/fidelity.py only: the all-reduces of Azure's ND A100 v4 (1 KiB, 64 KiB, 16 MiB, 1 GiB; 8 GPUs)
 # and ND H200 v5 (1 KiB, 1 MiB, 1 GiB) tables (https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results)
 # and 4x RTX 4090 at 256 MiB (https://github.com/tinygrad/open-gpu-kernel-modules/issues/36).
+# All those all-reduce rows run on 8 GPUs, so the fixed cost and the per-hop cost cannot be told apart: a 2-GPU call
+# is priced at 33 us where nccl-tests measures 10 us (held-out row from https://github.com/NVIDIA/nccl/issues/583).
+# NCCL's own model (src/graph/tuning.cc: baseLat 6.6 us for Ring/LL plus hwLat per step) puts most of the small-message
+# time in the steps; one host thread launching a kernel per GPU (nccl-tests -g n, `torch.cuda.nccl.all_reduce`)
+# would add HOST_LAUNCH_OVERHEAD_US per GPU, but that contradicts the 8-GPU NVLS row (29.9 us, under 8 launches).
+# A calibration row with another GPU count from a source with a known launch mode is needed before refitting.
 NCCL_CALL_US = 27.0
 NCCL_RAMP_EXPONENT = 0.11
 NCCL_RAMP_FULL_S = 8.0e-3
