@@ -414,6 +414,9 @@ NCCL_583 = ("https://github.com/NVIDIA/nccl/issues/583 (first post: all_reduce_p
             "8-GPU NVSwitch node, NCCL of 2021, out-of-place time at 32 B)")
 NCCL_1439 = ("https://github.com/NVIDIA/nccl/issues/1439 (8x RTX 3090 on PCIe 4 across two CPU sockets, "
              "all_reduce_perf -b 8 -e 128M -f 2 -g 8, out-of-place time at 8 B)")
+NCCL_TESTS_44 = ("https://github.com/NVIDIA/nccl-tests/issues/44 (two RTX 2080 Ti joined by an NVLink bridge, "
+                 "all_reduce_perf -g 2, out-of-place time at 32 KiB; the same run is in "
+                 "https://github.com/NVIDIA/nccl/issues/340)")
 NCCL_1264 = ("https://github.com/NVIDIA/nccl/issues/1264 (first post: HGX H100 SXM, p2pBandwidthLatencyTest "
              "'Unidirectional P2P=Disabled Bandwidth Matrix', GPU0 -> GPU1)")
 NCCL_TESTS_100 = ("https://github.com/NVIDIA/nccl-tests/issues/100 (ShrimpLau, 2021-12-16: HGX A100-SXM-80GB, "
@@ -609,6 +612,9 @@ def _rows() -> list[Row]:
             lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**22), added_later=True),
         Row(ar, "all-reduce busbw, 8 GPUs, 256 MiB", "8x A100 SXM, NVLink 3", 213.87, "GB/s", AZURE_A100_NCCL,
             lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**28), added_later=True),
+        Row(ar, "all-reduce time, 2 GPUs, 32 KiB (ours: V100 preset on NVLink 2; at 32 KiB the GPU does no work)",
+            "2x RTX 2080 Ti, NVLink bridge", 13.39, "us", NCCL_TESTS_44,
+            lambda: allreduce_us("V100", "nvlink2", 2, 2**15), fitted_later=True),
         Row(ar, "all-reduce time, 2 GPUs, 32 B", "2x A100-SXM4-40GB, NVSwitch", 10.14, "us", NCCL_583,
             lambda: allreduce_us("A100-40GB", "nvlink3", 2, 32), added_later=True),
         Row(ar, "all-reduce time, 8 GPUs, 8 B (ours: RTX 4090 preset; at 8 B the GPU does no work)",

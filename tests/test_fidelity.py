@@ -30,10 +30,6 @@ def test_rows_are_sourced_many_and_split_by_the_fixed_rule():
 KNOWN_MISSES = {
     # near the A100's ridge point, where max(compute, memory) is most optimistic (course/machine/hardware.py).
     ("fp16 matmul 802816x192x768 (m n k, skinny, cuBLASLt)", "A100 SXM 80GB"): 36,
-    # NCCL_CALL_US (27 us) was fitted on 8-GPU rows only: a 2-GPU call is priced like an 8-GPU one less 12 hops,
-    # while the measurement (nccl-tests -g 2) is 10 us. Fitting the fixed cost and the per-GPU cost apart needs a
-    # calibration row with another GPU count.
-    ("all-reduce time, 2 GPUs, 32 B", "2x A100-SXM4-40GB, NVSwitch"): 230,
     # a peer copy staged through host memory is priced at the host link's rate (53.5 GB/s on PCIe 5); the driver's
     # chunked staging reaches 37 GB/s. No calibration row of a staged unidirectional copy exists to fit it on.
     ("P2P=Disabled unidirectional GPU0->GPU1, staged through host memory (p2pBandwidthLatencyTest; ours: 8x H100 "
