@@ -198,9 +198,10 @@ def collective_ns(link: Link, nbytes: int, num_gpus: int, steps: int, bus_bytes:
     """NCCL-like time of one collective call.
 
     time = launches * NCCL_LAUNCH_US + hops * hop_latency_us + bus_bytes / bus_bandwidth_gbps(bus_bytes), where
-    bus_bytes is what nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives). `launches` is how many GPUs' kernels one host thread launches one after another before the last
-    GPU joins: every GPU for `torch.cuda.nccl` and nccl-tests' -g n, one for a rank that drives its own GPU. An
-    all-reduce with NVLink SHARP takes two hops (up to the switch and back) instead of 2(n-1).
+    bus_bytes is what nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives).
+    `launches` is how many GPUs' kernels one host thread launches one after another before the last GPU joins: every
+    GPU for `torch.cuda.nccl` and nccl-tests' -g n, one for a rank that drives its own GPU. An all-reduce with NVLink
+    SHARP takes two hops (up to the switch and back) instead of 2(n-1).
     """
     if num_gpus == 1:
         return 0

@@ -245,8 +245,9 @@ _GPU_LIST = [
 # https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc): NVLink 0.47 us, PCI 1.0 us per step.
 NCCL_HOP_LATENCY_US = {"nvlink": 0.47, "pci": 1.0}
 # Each GPU's NCCL kernel has to be launched before that GPU joins the collective: one host thread driving every GPU
-# (`torch.cuda.nccl`, `nn.DataParallel`, nccl-tests' -g n, which is how Azure's tables below were run:
-# Benchmarks/NVIDIA/NCCLBandwidth.py, `all_reduce_perf -b 8 -e 8G -f 2 -g <GPUs>`) launches them one after another,
+# (`torch.cuda.nccl`, `nn.DataParallel`, nccl-tests' -g n, which is how Azure's tables below were run: `all_reduce_perf
+# -b 8 -e 8G -f 2 -g <GPUs>` in https://github.com/Azure/AI-benchmarking-guide/blob/main/Benchmarks/NVIDIA/
+# NCCLBandwidth.py) launches them one after another,
 # so a small collective costs NCCL_LAUNCH_US per GPU on top of the host's own launch (HOST_LAUNCH_OVERHEAD_US) and
 # the hops; a rank driving its own GPU pays one. NCCL_LAUNCH_US was fitted by a grid search (0-5 us, with a fixed
 # cost per call of 0-27 us beside it; the fixed cost came out 0) minimising the squared log error on the calibration
