@@ -246,19 +246,20 @@ _GPU_LIST = [
 NCCL_HOP_LATENCY_US = {"nvlink": 0.47, "pci": 1.0}
 # Each GPU's NCCL kernel has to be launched before that GPU joins the collective: one host thread driving every GPU
 # (`torch.cuda.nccl`, `nn.DataParallel`, nccl-tests' -g n, which is how Azure's tables below were run: `all_reduce_perf
-# -b 8 -e 8G -f 2 -g <GPUs>` in https://github.com/Azure/AI-benchmarking-guide/blob/main/Benchmarks/NVIDIA/
-# NCCLBandwidth.py) launches them one after another,
-# so a small collective costs NCCL_LAUNCH_US per GPU on top of the host's own launch (HOST_LAUNCH_OVERHEAD_US) and
-# the hops; a rank driving its own GPU pays one. NCCL_LAUNCH_US was fitted by a grid search (0-5 us, with a fixed
-# cost per call of 0-27 us beside it; the fixed cost came out 0) minimising the squared log error on the calibration
-# collective rows of benchmarks/fidelity.py only: Azure's 8-GPU ND A100 v4 (1 KiB, 64 KiB, 16 MiB, 1 GiB) and ND H200
-# v5 (1 KiB, 1 MiB, 1 GiB) all-reduces (https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results),
-# 4x RTX 4090 at 256 MiB (https://github.com/tinygrad/open-gpu-kernel-modules/issues/36) and 2x RTX 2080 Ti at
-# 32 KiB (https://github.com/NVIDIA/nccl-tests/issues/44, the row with another GPU count that tells the per-GPU cost
-# from a per-call one). It replaces a fixed 27 us per call fitted on the 8-GPU rows alone, which priced a 2-GPU
-# all-reduce at 33 us against 10 us measured (held-out, https://github.com/NVIDIA/nccl/issues/583). A check, not a
-# fit: one rank's small all-reduce on 8 NVLink GPUs comes to 5 + 3.3 + 14 x 0.47 = 15 us, NCCL's own estimate for
-# Ring/LL (tuning.cc above: baseLat 6.6 us + 14 x 0.6 us).
+# -b 8 -e 8G -f 2 -g <GPUs>` in
+# https://github.com/Azure/AI-benchmarking-guide/blob/main/Benchmarks/NVIDIA/NCCLBandwidth.py) launches them one after
+# another, so a small collective costs NCCL_LAUNCH_US per GPU on top of the host's own launch (HOST_LAUNCH_OVERHEAD_US)
+# and the hops; a rank driving its own GPU pays one. NCCL_LAUNCH_US was fitted by a grid search (0-5 us, then 0.1 us
+# steps around the best, with a fixed cost per call of 0-27 us beside it; the fixed cost came out 0) minimising the
+# squared log error on the calibration collective rows of benchmarks/fidelity.py only: Azure's 8-GPU ND A100 v4 (1 KiB,
+# 64 KiB, 16 MiB, 1 GiB) and ND H200 v5 (1 KiB, 1 MiB, 1 GiB) all-reduces
+# (https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results), 4x RTX 4090 at 256 MiB
+# (https://github.com/tinygrad/open-gpu-kernel-modules/issues/36) and 2x RTX 2080 Ti at 32 KiB
+# (https://github.com/NVIDIA/nccl-tests/issues/44, the row with another GPU count that tells the per-GPU cost from a
+# per-call one). It replaces a fixed 27 us per call fitted on the 8-GPU rows alone, which priced a 2-GPU all-reduce at
+# 33 us against 10 us measured (held-out, https://github.com/NVIDIA/nccl/issues/583). A check, not a fit: one rank's
+# small all-reduce on 8 NVLink GPUs comes to 5 + 3.3 + 14 x 0.47 = 15 us, NCCL's own estimate for Ring/LL (tuning.cc
+# above: baseLat 6.6 us + 14 x 0.6 us).
 NCCL_LAUNCH_US = 3.3
 # The growth of bus bandwidth with message size (busbw(x) = busbw_max * min(1, (x / n_full)^NCCL_RAMP_EXPONENT),
 # n_full = busbw_max * NCCL_RAMP_FULL_S: small messages do not fill NCCL's pipeline, and slower links fill with
