@@ -30,8 +30,8 @@ def test_rows_are_sourced_many_and_split_by_the_fixed_rule():
 KNOWN_MISSES = {
     # near the A100's ridge point, where max(compute, memory) is most optimistic (course/machine/hardware.py).
     ("fp16 matmul 802816x192x768 (m n k, skinny, cuBLASLt)", "A100 SXM 80GB"): 36,
-    # a peer copy staged through host memory is priced at the host link's rate (53.5 GB/s on PCIe 5); the driver's
-    # chunked staging reaches 37 GB/s. No calibration row of a staged unidirectional copy exists to fit it on.
+    # a peer copy staged through host memory is priced at the host link's rate (53.5 GB/s on PCIe 5); measured, it
+    # reaches 37 GB/s. No calibration row of a staged unidirectional copy exists to fit what it loses on.
     ("P2P=Disabled unidirectional GPU0->GPU1, staged through host memory (p2pBandwidthLatencyTest; ours: 8x H100 "
      "on PCIe 5 without peer access)", "HGX H100 SXM"): 45,
 }
