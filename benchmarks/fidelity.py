@@ -9,7 +9,7 @@ The rows are split in two halves by a rule fixed before any error was looked at 
 rows a preset had already been fitted to are "calibration"; rows added after the split (to check model changes
 made after them) are "held-out"; every other row alternates held-out, calibration, held-out, ... in the order
 listed within its category (GEMM, device copy, host copy, peer copy, all-reduce, all-gather, eager decode,
-convolution training, end-to-end). Presets may be fitted to the calibration half only, so the held-out median
+convolution, end-to-end). Presets may be fitted to the calibration half only, so the held-out median
 and worst error are the headline: the clock is right where it was fitted, and only the error on the other
 half says how right it is elsewhere.
 Run: PYTHONPATH=. python benchmarks/fidelity.py
@@ -130,8 +130,8 @@ def machine_peer_copy_gbps(machine: str, src: int, dst: int, nbytes: int) -> flo
 
 def bidirectional_peer_gbps(a: int, b: int, nbytes: int, **machine) -> float:
     """GB/s of p2pBandwidthLatencyTest's bidirectional figure: five copies a->b on one stream and five copies b->a on
-    another, queued together (its `repeat = 5`), bytes of both over the time until all have landed. `machine` is
-    what `course.emulate` takes."""
+    another, queued together (its `repeat = 5`), bytes of both over the time until all have landed on GPU a's clock.
+    `machine` is what `course.emulate` takes."""
     repeat = 5
     with course.emulate(**machine, materialize=False, force=True):
         x = torch.empty(nbytes, device=f"cuda:{a}", dtype=torch.uint8)
@@ -147,9 +147,10 @@ def bidirectional_peer_gbps(a: int, b: int, nbytes: int, **machine) -> float:
                     y.to(f"cuda:{a}", non_blocking=True)
             for pair in streams:
                 for stream in pair:
-                    torch.cuda.current_stream(stream.device).wait_stream(stream)
+                    torch.cuda.current_stream(a).wait_stream(stream)
 
-        ms = _timed_ms(both)
+        with torch.cuda.device(a):  # the events are recorded on GPU a, which waits for every copy
+            ms = _timed_ms(both)
     return 2 * repeat * nbytes / (ms / 1e3) / GB
 
 
@@ -310,6 +311,47 @@ def resnet50_training_images_per_s(gpu: str, batch: int, amp: bool) -> float:
     return batch / (ms / 1e3)
 
 
+def resnet50_inference_images_per_s(gpu: str, batch: int, amp: bool) -> float:
+    """Images/s of one ResNet-50 forward in eval mode under no_grad, as DeepLearningExamples' benchmark_inference
+    runs it: AMP means fp16 autocast on channels-last tensors (configs.yml: memory_format nhwc), else fp32."""
+    with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True), torch.no_grad():
+        layout = torch.channels_last if amp else torch.contiguous_format
+        model = _resnet50().cuda().to(memory_format=layout).eval()
+        images = torch.empty(batch, 3, 224, 224, device="cuda").to(memory_format=layout)
+
+        def forward():
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                model(images)
+
+        forward()
+        ms = _timed_ms(forward)
+    return batch / (ms / 1e3)
+
+
+def ddp_resnet50_scaling(gpu: str, link: str, num_gpus: int, batch: int) -> float:
+    """Throughput on num_gpus over throughput on 1 GPU of ResNet-50 v1.5 fp32 (TF32 where the GPU has it) training
+    under DDP, same per-GPU batch: the README's "Strong Scaling" column, whose per-GPU batch is fixed."""
+    from course.lessons.ddp import simulate_ddp_step
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        shape = (batch, 3, 224, 224)
+        one = simulate_ddp_step(_resnet50, shape, 1, gpu=gpu, link=link).step_ms
+        many = simulate_ddp_step(_resnet50, shape, num_gpus, gpu=gpu, link=link).step_ms
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return num_gpus * one / many
+
+
+def machine_without_p2p(gpu: str, link: str, host_link: str) -> "course.machine.hardware.Machine":
+    """An 8-GPU box whose peers cannot reach each other's memory (p2pBandwidthLatencyTest's P2P=Disabled rows):
+    every peer copy is staged through host memory."""
+    from course.machine.hardware import Machine
+
+    return Machine(f"8x{gpu}, P2P disabled", gpu, 8, link, host_link)
+
+
 RN50_DLE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
             "resnet50v1.5 (README 'Training performance results', 1 GPU, pytorch-21.03; batch sizes from "
             "ConvNets/configs.yml)")
@@ -367,6 +409,24 @@ NVBANDWIDTH_50 = ("https://github.com/NVIDIA/nvbandwidth/issues/50 (6x RTX A6000
                   "device_to_device_memcpy_read_ce, GPU0 -> GPU1, same PCIe group)")
 TINYGRAD_36 = ("https://github.com/tinygrad/open-gpu-kernel-modules/issues/36 (4x RTX 4090 with the P2P driver, "
                "all_reduce_perf -b 256M -e 2G -g 4, out-of-place busbw)")
+
+NCCL_583 = ("https://github.com/NVIDIA/nccl/issues/583 (first post: all_reduce_perf -g 2 on two A100-SXM4-40GB of an "
+            "8-GPU NVSwitch node, NCCL of 2021, out-of-place time at 32 B)")
+NCCL_1439 = ("https://github.com/NVIDIA/nccl/issues/1439 (8x RTX 3090 on PCIe 4 across two CPU sockets, "
+             "all_reduce_perf -b 8 -e 128M -f 2 -g 8, out-of-place time at 8 B)")
+NCCL_TESTS_44 = ("https://github.com/NVIDIA/nccl-tests/issues/44 (two RTX 2080 Ti joined by an NVLink bridge, "
+                 "all_reduce_perf -g 2, out-of-place time at 32 KiB; the same run is in "
+                 "https://github.com/NVIDIA/nccl/issues/340)")
+NCCL_1264 = ("https://github.com/NVIDIA/nccl/issues/1264 (first post: HGX H100 SXM, p2pBandwidthLatencyTest "
+             "'Unidirectional P2P=Disabled Bandwidth Matrix', GPU0 -> GPU1)")
+NCCL_TESTS_100 = ("https://github.com/NVIDIA/nccl-tests/issues/100 (ShrimpLau, 2021-12-16: HGX A100-SXM-80GB, "
+                  "NVSwitch, p2pBandwidthLatencyTest 'Bidirectional P2P=Enabled Bandwidth Matrix')")
+RN50_DLE_INFERENCE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
+                      "resnet50v1.5 (README 'Inference performance results', pytorch-21.03, batch 256, "
+                      "Throughput Avg)")
+RN50_DLE_SCALING = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
+                    "resnet50v1.5 (README 'Training performance: NVIDIA DGX A100 (8x A100 80GB)', 'TF32 Strong "
+                    "Scaling' 7.72x: 7248 img/s on 8 GPUs over 938 on 1, batch 256 per GPU)")
 
 
 def _rows() -> list[Row]:
@@ -492,6 +552,16 @@ def _rows() -> list[Row]:
         Row(peer, "bidirectional GPU0<->GPU1 through host memory (p2pBandwidthLatencyTest, P2P=Disabled; "
             "ours: 4xRTX4090)", "3x RTX 4090, PCIe 4", 25.76, "GB/s", TINYGRAD_6,
             lambda: bidirectional_peer_gbps(0, 1, 40_000_000 * 4, machine="4xRTX4090"), added_later=True),
+        Row(peer, "P2P=Disabled unidirectional GPU0->GPU1, staged through host memory (p2pBandwidthLatencyTest; "
+            "ours: 8x H100 on PCIe 5 without peer access)", "HGX H100 SXM", 37.19, "GB/s", NCCL_1264,
+            lambda: machine_peer_copy_gbps(machine_without_p2p("H100", "nvlink4", "pcie5"), 0, 1, 40_000_000 * 4),
+            added_later=True),
+        Row(peer, "P2P bidirectional GPU4<->GPU5 over NVSwitch (p2pBandwidthLatencyTest; ours: DGX-A100)",
+            "HGX A100-SXM-80GB", 519.04, "GB/s", NCCL_TESTS_100,
+            lambda: bidirectional_peer_gbps(4, 5, 40_000_000 * 4, machine="DGX-A100"), added_later=True),
+        Row(peer, "P2P bidirectional GPU3<->GPU4 over NVSwitch (p2pBandwidthLatencyTest; ours: DGX-A100)",
+            "HGX A100-SXM-80GB", 424.52, "GB/s", NCCL_TESTS_100,
+            lambda: bidirectional_peer_gbps(3, 4, 40_000_000 * 4, machine="DGX-A100"), added_later=True),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",
@@ -542,6 +612,14 @@ def _rows() -> list[Row]:
             lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**22), added_later=True),
         Row(ar, "all-reduce busbw, 8 GPUs, 256 MiB", "8x A100 SXM, NVLink 3", 213.87, "GB/s", AZURE_A100_NCCL,
             lambda: allreduce_busbw_gbps("A100-80GB", "nvlink3", 8, 2**28), added_later=True),
+        Row(ar, "all-reduce time, 2 GPUs, 32 KiB (ours: V100 preset on NVLink 2; at 32 KiB the GPU does no work)",
+            "2x RTX 2080 Ti, NVLink bridge", 13.39, "us", NCCL_TESTS_44,
+            lambda: allreduce_us("V100", "nvlink2", 2, 2**15), fitted_later=True),
+        Row(ar, "all-reduce time, 2 GPUs, 32 B", "2x A100-SXM4-40GB, NVSwitch", 10.14, "us", NCCL_583,
+            lambda: allreduce_us("A100-40GB", "nvlink3", 2, 32), added_later=True),
+        Row(ar, "all-reduce time, 8 GPUs, 8 B (ours: RTX 4090 preset; at 8 B the GPU does no work)",
+            "8x RTX 3090, PCIe 4", 54.18, "us", NCCL_1439, lambda: allreduce_us("RTX4090", "pcie4", 8, 8),
+            added_later=True),
         # ---- NCCL all-gather (busbw GB/s) ----
         Row(ag, "all-gather busbw, 8 GPUs, 16 GiB (\"saturated at ~360 GB/s\")", "8x H100, NVLink 4", 360,
             "GB/s", "https://github.com/NVIDIA/nccl-tests/issues/326 (all_gather_perf -b 128M -e 16384M -g 8; "
@@ -555,7 +633,7 @@ def _rows() -> list[Row]:
         Row(eager, "decode step as a fraction of its memory floor, Qwen-2.5-7B, ctx 2048", "H100 SXM", 0.27,
             "R_floor", PHYSICAL_AI + " (H100: 27% of the analytic memory floor)",
             lambda: qwen_decode_floor_fraction("H100")),
-        # ---- convolution training: ResNet-50 v1.5, one GPU ----
+        # ---- convolutions: ResNet-50 v1.5 training and inference, one GPU ----
         Row(conv, "ResNet-50 training, TF32, batch 256, NCHW", "A100 SXM 80GB (DGX A100)", 938, "img/s", RN50_DLE,
             lambda: resnet50_training_images_per_s("A100-80GB", 256, amp=False)),
         Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "A100 SXM 80GB (DGX A100)", 2470, "img/s", RN50_DLE,
@@ -564,10 +642,20 @@ def _rows() -> list[Row]:
             lambda: resnet50_training_images_per_s("V100", 112, amp=False)),
         Row(conv, "ResNet-50 training, AMP, batch 256, NHWC", "V100 SXM2 32GB (DGX-1)", 1156, "img/s", RN50_DLE,
             lambda: resnet50_training_images_per_s("V100", 256, amp=True)),
+        Row(conv, "ResNet-50 inference, FP32, batch 256", "V100 SXM2 16GB (DGX-1)", 1261, "img/s",
+            RN50_DLE_INFERENCE, lambda: resnet50_inference_images_per_s("V100", 256, amp=False), added_later=True),
+        Row(conv, "ResNet-50 inference, AMP, batch 256, NHWC", "V100 SXM2 16GB (DGX-1)", 3382, "img/s",
+            RN50_DLE_INFERENCE, lambda: resnet50_inference_images_per_s("V100", 256, amp=True), added_later=True),
+        Row(conv, "ResNet-50 inference, FP32, batch 256", "T4", 415, "img/s", RN50_DLE_INFERENCE,
+            lambda: resnet50_inference_images_per_s("T4", 256, amp=False), added_later=True),
+        Row(conv, "ResNet-50 inference, AMP, batch 256, NHWC", "T4", 1198, "img/s", RN50_DLE_INFERENCE,
+            lambda: resnet50_inference_images_per_s("T4", 256, amp=True), added_later=True),
         # ---- DDP ----
         Row(e2e, "DDP weak scaling 1->8 GPUs, BERT-large, TF32", "8x A100 80GB (DGX A100)", 7.90, "x",
             "NVIDIA DeepLearningExamples PyTorch/LanguageModeling/BERT README (pre-training, seq 128)",
             lambda: ddp_weak_scaling("A100-80GB", "nvlink3", 8, (16384, 1024))),
+        Row(e2e, "DDP scaling 1->8 GPUs, ResNet-50 v1.5, TF32, batch 256 per GPU", "8x A100 80GB (DGX A100)", 7.72,
+            "x", RN50_DLE_SCALING, lambda: ddp_resnet50_scaling("A100-80GB", "nvlink3", 8, 256), added_later=True),
     ]
 
 

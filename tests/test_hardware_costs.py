@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+import course
 from course.machine import costs, hardware
 
 DTYPE_KEYS = {"fp64", "fp32", "tf32", "bf16", "fp16"}
@@ -180,12 +181,29 @@ def test_allreduce_uses_nvls_where_the_link_has_it_and_rings_elsewhere():
     assert allgather_busbw == pytest.approx(nvlink4.bandwidth_gbps * nvlink4.efficiency, rel=0.01)
 
 
-def test_small_collectives_cost_the_call_and_the_hops():
+def test_small_collectives_cost_the_launches_and_the_hops():
     for key in ("nvlink3", "pcie4"):
         link = hardware.link(key)
-        expected_ns = (hardware.NCCL_CALL_US + 14 * link.hop_latency_us) * 1000
+        expected_ns = (hardware.NCCL_LAUNCH_US + 14 * link.hop_latency_us) * 1000
         assert costs.ring_allreduce_ns(link, 8, 8) == pytest.approx(expected_ns, rel=0.01)
     assert costs.ring_allreduce_ns(hardware.link("pcie4"), 8, 8) > costs.ring_allreduce_ns(hardware.link("nvlink3"), 8, 8)
+
+
+def test_one_thread_driving_every_gpu_launches_each_gpus_kernel_in_turn():
+    """torch.cuda.nccl from one thread (nccl-tests -g n) pays a kernel launch per GPU; a rank driving its own GPU,
+    one: the difference for 8 GPUs is 7 launches."""
+    link = hardware.link("nvlink3")
+    one_thread, per_rank = costs.ring_allreduce_ns(link, 8, 8, launches=8), costs.ring_allreduce_ns(link, 8, 8)
+    assert one_thread - per_rank == pytest.approx(7 * hardware.NCCL_LAUNCH_US * 1000, abs=1)
+    with course.emulate(gpus=8, materialize=False, force=True):
+        tensors = [torch.empty(2, device=f"cuda:{i}") for i in range(8)]
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda.nccl.all_reduce(tensors)
+        end.record()
+        end.synchronize()
+        assert start.elapsed_time(end) * 1e6 >= one_thread
 
 
 def test_gather_and_scatter_cost_half_an_allreduce():

@@ -155,7 +155,7 @@ def test_nccl_collectives_equal_the_math_and_follow_the_ring_model():
         for t in tensors:
             torch.testing.assert_close(t.cpu(), sum(values))
         event = [e for e in emu.trace if e.name == "nccl:all_reduce"][0]
-        assert event.duration_ns == costs.ring_allreduce_ns(emu.link, 1024 * 256 * 4, n)
+        assert event.duration_ns == costs.ring_allreduce_ns(emu.link, 1024 * 256 * 4, n, launches=n)
 
         tensors = [v.to(f"cuda:{i}") for i, v in enumerate(values)]
         torch.cuda.nccl.broadcast(tensors, root=2)

@@ -82,7 +82,7 @@ def broadcast(tensor, devices=None, *, out=None):
     src = tensor._device_index
     end = _collective(emu, "nccl:broadcast", sorted(set(devices) | {src}),
                       costs.broadcast_ns(emu.collective_link(set(devices) | {src}), _nbytes(tensor),
-                                         len(set(devices) | {src})),
+                                         len(set(devices) | {src}), launches=len(set(devices) | {src})),
                       [tensor], _nbytes(tensor))
     copies = []
     for i, device in enumerate(devices):
@@ -109,7 +109,8 @@ def broadcast_coalesced(tensors, devices, buffer_size=10485760):
                            f"(cuda:{devices[0]}); found them on {sorted(src)}")
     nbytes = sum(_nbytes(t) for t in tensors)
     end = _collective(emu, "nccl:broadcast", devices,
-                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices)), tensors, nbytes)
+                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices),
+                                         launches=len(devices)), tensors, nbytes)
     result = [list(tensors)]
     for device in devices[1:]:
         result.append([_new_on(emu, device, _inner(t).clone(), end) for t in tensors])
@@ -148,7 +149,8 @@ def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
         group_bytes += _nbytes(position[0])
         if group_bytes >= buffer_size or index == len(positions) - 1:
             end = _collective(emu, "nccl:reduce", lanes,
-                              costs.broadcast_ns(emu.collective_link(lanes), group_bytes, len(lanes)),
+                              costs.broadcast_ns(emu.collective_link(lanes), group_bytes, len(lanes),
+                                                 launches=len(lanes)),
                               [t for p in group for t in p], group_bytes)
             results.extend(_new_on(emu, destination, _sum(p), end) for p in group)
             group, group_bytes = [], 0
@@ -256,7 +258,8 @@ def all_reduce(inputs, outputs=None, op=SUM, streams=None, comms=None):
     outputs = inputs if outputs is None else outputs
     nbytes = _nbytes(inputs[0])
     end = _collective(emu, "nccl:all_reduce", devices,
-                      costs.ring_allreduce_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
+                      costs.ring_allreduce_ns(emu.collective_link(devices), nbytes, len(devices),
+                                              launches=len(devices)), inputs, nbytes)
     total = _reduce_values(inputs, op)
     for output in outputs:
         _inner(output).copy_(total)
@@ -270,7 +273,8 @@ def reduce(inputs, output=None, root=0, op=SUM, streams=None, comms=None, *, out
     target = output if output is not None else (outputs[root] if outputs is not None else inputs[root])
     nbytes = _nbytes(inputs[0])
     end = _collective(emu, "nccl:reduce", devices,
-                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
+                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices),
+                                         launches=len(devices)), inputs, nbytes)
     _inner(target).copy_(_reduce_values(inputs, op))
     target._block.ready_ns = end
 
@@ -281,7 +285,8 @@ def nccl_broadcast(inputs, root=0, streams=None, comms=None):
     devices = _check_collective("broadcast", inputs)
     nbytes = _nbytes(inputs[0])
     end = _collective(emu, "nccl:broadcast", devices,
-                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
+                      costs.broadcast_ns(emu.collective_link(devices), nbytes, len(devices),
+                                         launches=len(devices)), inputs, nbytes)
     for tensor in inputs:
         if tensor is not inputs[root]:
             _inner(tensor).copy_(_inner(inputs[root]))
@@ -295,7 +300,8 @@ def all_gather(inputs, outputs, streams=None, comms=None):
     _check_collective("all_gather outputs", outputs)
     nbytes = _nbytes(outputs[0])
     end = _collective(emu, "nccl:all_gather", devices,
-                      costs.ring_allgather_ns(emu.collective_link(devices), nbytes, len(devices)), inputs, nbytes)
+                      costs.ring_allgather_ns(emu.collective_link(devices), nbytes, len(devices),
+                                              launches=len(devices)), inputs, nbytes)
     joined = torch.cat([_inner(t).reshape(-1) for t in inputs])
     for output in outputs:
         _inner(output).copy_(joined.view_as(_inner(output)))
@@ -309,7 +315,8 @@ def reduce_scatter(inputs, outputs, op=SUM, streams=None, comms=None):
     _check_collective("reduce_scatter outputs", outputs)
     nbytes = _nbytes(inputs[0])
     end = _collective(emu, "nccl:reduce_scatter", devices,
-                      costs.ring_reduce_scatter_ns(emu.collective_link(devices), nbytes, len(devices)), inputs,
+                      costs.ring_reduce_scatter_ns(emu.collective_link(devices), nbytes, len(devices),
+                                                   launches=len(devices)), inputs,
                       nbytes)
     chunks = _reduce_values(inputs, op).reshape(-1).chunk(len(outputs))
     for output, chunk in zip(outputs, chunks):

@@ -9,7 +9,7 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_CALL_US,
+from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
 
 aten = torch.ops.aten
@@ -194,51 +194,54 @@ def bus_bandwidth_gbps(link: Link, bus_bytes: float, all_reduce: bool = False) -
 
 
 def collective_ns(link: Link, nbytes: int, num_gpus: int, steps: int, bus_bytes: float,
-                  all_reduce: bool = False) -> int:
+                  all_reduce: bool = False, launches: int = 1) -> int:
     """NCCL-like time of one collective call.
 
-    time = NCCL_CALL_US + hops * hop_latency_us + bus_bytes / bus_bandwidth_gbps(bus_bytes), where bus_bytes is
-    what nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives). An
-    all-reduce with NVLink SHARP takes two hops (up to the switch and back) instead of 2(n-1).
+    time = launches * NCCL_LAUNCH_US + hops * hop_latency_us + bus_bytes / bus_bandwidth_gbps(bus_bytes), where
+    bus_bytes is what nccl-tests divides by the time to get its "busbw" (nbytes * steps / n for ring collectives).
+    `launches` is how many GPUs' kernels one host thread launches one after another before the last GPU joins: every
+    GPU for `torch.cuda.nccl` and nccl-tests' -g n, one for a rank that drives its own GPU. An all-reduce with NVLink
+    SHARP takes two hops (up to the switch and back) instead of 2(n-1).
     """
     if num_gpus == 1:
         return 0
     hops = 2 if all_reduce and link.nvls_busbw_gbps else steps
     seconds = bus_bytes / (bus_bandwidth_gbps(link, bus_bytes, all_reduce) * 1e9) if bus_bytes > 0 else 0.0
-    return math.ceil((NCCL_CALL_US + hops * link.hop_latency_us) * 1000 + seconds * 1e9)
+    return math.ceil((launches * NCCL_LAUNCH_US + hops * link.hop_latency_us) * 1000 + seconds * 1e9)
 
 
-def ring_allreduce_ns(link: Link, nbytes: int, num_gpus: int) -> int:
+def ring_allreduce_ns(link: Link, nbytes: int, num_gpus: int, launches: int = 1) -> int:
     """All-reduce: a reduce-scatter then an all-gather, 2(n-1) steps (NVLS in the switch where the link has it).
 
     nccl-tests reports algbw = nbytes / time and busbw = algbw * 2(n-1)/n, which tends to
     bandwidth * efficiency (or nvls_busbw_gbps) for large messages whatever n is; see `collective_ns`.
     """
     steps = 2 * (num_gpus - 1)
-    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1), all_reduce=True)
+    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1), all_reduce=True,
+                         launches=launches)
 
 
-def ring_allgather_ns(link: Link, nbytes: int, num_gpus: int) -> int:
+def ring_allgather_ns(link: Link, nbytes: int, num_gpus: int, launches: int = 1) -> int:
     """Ring all-gather of an nbytes output: (n-1) steps each passing one nbytes/n shard along.
 
     nccl-tests busbw = algbw * (n-1)/n; see `collective_ns`.
     """
     steps = num_gpus - 1
-    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1))
+    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1), launches=launches)
 
 
-def ring_reduce_scatter_ns(link: Link, nbytes: int, num_gpus: int) -> int:
+def ring_reduce_scatter_ns(link: Link, nbytes: int, num_gpus: int, launches: int = 1) -> int:
     """Ring reduce-scatter of an nbytes input: the all-gather's mirror image, same (n-1) steps of nbytes/n.
 
     nccl-tests busbw = algbw * (n-1)/n; see `collective_ns`.
     """
     steps = num_gpus - 1
-    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1))
+    return collective_ns(link, nbytes, num_gpus, steps, nbytes * steps / max(num_gpus, 1), launches=launches)
 
 
-def broadcast_ns(link: Link, nbytes: int, num_gpus: int) -> int:
+def broadcast_ns(link: Link, nbytes: int, num_gpus: int, launches: int = 1) -> int:
     """Pipelined ring broadcast: the data streams down the chain once, each hop adds its latency.
 
     nccl-tests busbw = algbw; see `collective_ns`.
     """
-    return collective_ns(link, nbytes, num_gpus, num_gpus - 1, nbytes)
+    return collective_ns(link, nbytes, num_gpus, num_gpus - 1, nbytes, launches=launches)

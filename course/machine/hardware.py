@@ -78,6 +78,13 @@ GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), 
 # (GEMM, convolution and decode rows, conv efficiency refitted with it) it is worst at p = 2 (squared log error
 # 0.105) and best with no blending (0.100: the RTX 4090 512^3 row goes from -15% to -19% at p = 2), so it is not
 # used. Re-reading A once per column tile (256x64 tiles: three times) would make it slower still (2.5 ms).
+# Re-reading A from L2 once per column tile was tried as a tile speed set by operand traffic (a tm x tn tile does
+# tm*tn/(tm+tn) multiply-adds per element it loads; full speed above a threshold, proportionally slower below): the
+# calibration GEMM rows' squared log error is 0.11 at a threshold of 40 and grows to 0.54 at 85 (0.097 with the fixed
+# speeds below), because the RTX 4090's 512^3 row needs narrow tiles fast and the A100's 1024^3 row needs them slow;
+# at 80 (where 128x128 keeps its 0.8) the skinny row would be +25%. Not used. A serial epilogue (writing C after
+# the k loop, not under it) acts as a k overhead of about 166 on the A100 (its FLOP rate over its bandwidth), which
+# the grid search above rejected (it chose none).
 GEMM_TILE_K_OVERHEAD = 0
 # Skinny GEMMs (fewer than 64 rows or columns: decode steps, small micro-batches) do not use those tiles:
 # cuBLAS has narrow-tile and split-K kernels for them (split-K cuts k into slices so that a handful of output
@@ -237,15 +244,28 @@ _GPU_LIST = [
 # Per-hop latency by link type: NCCL's own tuning model (src/graph/tuning.cc, `hwLat`, Ring/LL column,
 # https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc): NVLink 0.47 us, PCI 1.0 us per step.
 NCCL_HOP_LATENCY_US = {"nvlink": 0.47, "pci": 1.0}
-# Fixed cost of one collective call on top of the hops (kernel launch, channel setup, the final sync that
-# nccl-tests' time includes), the growth of bus bandwidth with message size (busbw(x) = busbw_max *
-# min(1, (x / n_full)^NCCL_RAMP_EXPONENT), n_full = busbw_max * NCCL_RAMP_FULL_S: small messages do not fill
-# NCCL's pipeline, and slower links fill with smaller messages) and nvlink4's NVLS bus bandwidth were fitted
-# together, by a grid search minimising the squared log error, on the calibration half of
-# benchmarks/fidelity.py only: the all-reduces of Azure's ND A100 v4 (1 KiB, 64 KiB, 16 MiB, 1 GiB; 8 GPUs)
-# and ND H200 v5 (1 KiB, 1 MiB, 1 GiB) tables (https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results)
-# and 4x RTX 4090 at 256 MiB (https://github.com/tinygrad/open-gpu-kernel-modules/issues/36).
-NCCL_CALL_US = 27.0
+# Each GPU's NCCL kernel has to be launched before that GPU joins the collective: one host thread driving every GPU
+# (`torch.cuda.nccl`, `nn.DataParallel`, nccl-tests' -g n, which is how Azure's tables below were run: `all_reduce_perf
+# -b 8 -e 8G -f 2 -g <GPUs>` in
+# https://github.com/Azure/AI-benchmarking-guide/blob/main/Benchmarks/NVIDIA/NCCLBandwidth.py) launches them one after
+# another, so a small collective costs NCCL_LAUNCH_US per GPU on top of the host's own launch (HOST_LAUNCH_OVERHEAD_US)
+# and the hops; a rank driving its own GPU pays one. NCCL_LAUNCH_US was fitted by a grid search (0-5 us, then 0.1 us
+# steps around the best, with a fixed cost per call of 0-27 us beside it; the fixed cost came out 0) minimising the
+# squared log error on the calibration collective rows of benchmarks/fidelity.py only: Azure's 8-GPU ND A100 v4 (1 KiB,
+# 64 KiB, 16 MiB, 1 GiB) and ND H200 v5 (1 KiB, 1 MiB, 1 GiB) all-reduces
+# (https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results), 4x RTX 4090 at 256 MiB
+# (https://github.com/tinygrad/open-gpu-kernel-modules/issues/36) and 2x RTX 2080 Ti at 32 KiB
+# (https://github.com/NVIDIA/nccl-tests/issues/44, the row with another GPU count that tells the per-GPU cost from a
+# per-call one). It replaces a fixed 27 us per call fitted on the 8-GPU rows alone, which priced a 2-GPU all-reduce at
+# 33 us against 10 us measured (held-out, https://github.com/NVIDIA/nccl/issues/583). A check, not a fit: one rank's
+# small all-reduce on 8 NVLink GPUs comes to 5 + 3.3 + 14 x 0.47 = 15 us, NCCL's own estimate for Ring/LL (tuning.cc
+# above: baseLat 6.6 us + 14 x 0.6 us).
+NCCL_LAUNCH_US = 3.3
+# The growth of bus bandwidth with message size (busbw(x) = busbw_max * min(1, (x / n_full)^NCCL_RAMP_EXPONENT),
+# n_full = busbw_max * NCCL_RAMP_FULL_S: small messages do not fill NCCL's pipeline, and slower links fill with
+# smaller messages) and nvlink4's NVLS bus bandwidth were fitted together with a fixed cost per call (since replaced
+# by NCCL_LAUNCH_US above), by a grid search minimising the squared log error on the 8-GPU and 4-GPU calibration
+# rows named above.
 NCCL_RAMP_EXPONENT = 0.11
 NCCL_RAMP_FULL_S = 8.0e-3
 _NVLINK4_NVLS_BUSBW_GBPS = 505.0

@@ -70,7 +70,9 @@ class LinkLedger:
     because their order is the operating system's and the clock must not depend on it. A copy already booked is
     never slowed by a later one: two GPUs copying to each other through host memory, each reading while the other
     writes, are priced as one slowed copy and one not (p2pBandwidthLatencyTest's staged bidirectional row in
-    benchmarks/fidelity.py comes out 32% fast).
+    benchmarks/fidelity.py comes out 32% fast; slowing both, 2 x 25.8 GB/s x PCIE_READ_UNDER_WRITE, would give
+    about 25.0 GB/s for the measured 25.76). Slowing the earlier copy means re-pricing a copy the clock has already
+    placed (course/machine/clock.py), not done yet.
     """
 
     def __init__(self):
