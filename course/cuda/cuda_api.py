@@ -400,6 +400,20 @@ def compile(model=None, **options):  # noqa: A001 - named as torch.compile
     return model
 
 
+_export = torch.export.export
+
+
+def export(mod, args=(), kwargs=None, **options):
+    """`torch.export.export` while emulating: refused, naming it, for a model or inputs on emulated GPUs (tracing
+    them would abort the whole process: a CPU build has no CUDA device guard); PyTorch's own otherwise."""
+    state = list(mod.parameters()) + list(mod.buffers()) if isinstance(mod, torch.nn.Module) else []
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs, state))
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+        raise not_modelled("torch.export.export of a model or inputs on emulated GPUs",
+                           "export the model on the CPU (its graph is the same), or run it eagerly")
+    return _export(mod, args, kwargs, **options)
+
+
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
@@ -459,5 +473,5 @@ ACCELERATOR_PATCHES = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator."""
-    return cuda_bindings.PATCHES + rng.patches(num_gpus)
+    torch.cuda.random's own imports, torch.Generator, torch.export."""
+    return cuda_bindings.PATCHES + rng.patches(num_gpus) + [(torch.export, {"export": export})]

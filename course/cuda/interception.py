@@ -11,7 +11,8 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention
+from course.cuda import attention, packed_sequences, storages
+from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 from course.machine import costs
@@ -301,6 +302,11 @@ _HANDLERS = {
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
+    torch._VF._pack_padded_sequence: packed_sequences.pack_padded_sequence,
+    torch._VF._pad_packed_sequence: packed_sequences.pad_packed_sequence,
+    torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
+    torch.Tensor.untyped_storage: storages.untyped_storage,
+    torch.Tensor.storage: storages.typed_storage,
 }
 
 
@@ -339,6 +345,8 @@ def handle_torch_function(func, args, kwargs):
 
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
+    if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
+        args = (on_host(args[0]),) + args[1:]
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
