@@ -414,6 +414,26 @@ def export(mod, args=(), kwargs=None, **options):
     return _export(mod, args, kwargs, **options)
 
 
+def _host_only_dlpack(to_dlpack):
+    """DLPack export (`to_dlpack`, `__dlpack__`, `torch.from_dlpack(gpu_tensor)`) of an emulated GPU tensor: refused,
+    naming it. PyTorch's C++ would read the wrapper's storage, which holds nothing, and crash the process; a capsule
+    of the CPU values inside would tell the consumer (NumPy, CuPy, JAX) the wrong device."""
+
+    @functools.wraps(to_dlpack)
+    def refusing(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+            raise not_modelled("DLPack export of a tensor on an emulated GPU", "copy it to the host with .cpu() first")
+        return to_dlpack(tensor, *args, **kwargs)
+
+    return refusing
+
+
+DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
+                              for name in ("_to_dlpack", "_to_dlpack_versioned")}),
+                  (torch.utils.dlpack, {"to_dlpack": _host_only_dlpack(torch.utils.dlpack.to_dlpack)}),
+                  (torch, {"to_dlpack": _host_only_dlpack(torch.to_dlpack)})]
+
+
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
@@ -473,5 +493,5 @@ ACCELERATOR_PATCHES = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator, torch.export."""
-    return cuda_bindings.PATCHES + rng.patches(num_gpus) + [(torch.export, {"export": export})]
+    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export."""
+    return cuda_bindings.PATCHES + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES

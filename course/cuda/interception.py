@@ -11,7 +11,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention, packed_sequences, storages
+from course.cuda import attention, inner_factories, packed_sequences, storages
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
@@ -307,6 +307,8 @@ _HANDLERS = {
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
     torch.Tensor.untyped_storage: storages.untyped_storage,
     torch.Tensor.storage: storages.typed_storage,
+    torch.nn.functional.embedding_bag: inner_factories.embedding_bag,
+    torch.unravel_index: inner_factories.unravel_index,
 }
 
 
