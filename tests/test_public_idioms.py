@@ -192,6 +192,10 @@ def test_storages_of_gpu_tensors_are_on_the_gpu(emu):
     host = storage.cpu()
     assert host.device.type == "cpu" and torch.tensor([], dtype=torch.float32).set_(host).tolist() == x.tolist()
     assert x.cpu().untyped_storage().device.type == "cpu"
+    # share_memory_() leaves a CUDA tensor as it is, and it counts as shared (it shared the placeholder, and crashed)
+    assert x.share_memory_() is x and x.is_shared() and x.tolist() == list(range(6))
+    host = torch.ones(2).share_memory_()
+    assert host.is_shared()
 
 
 def test_python_functions_that_make_tensors_on_their_inputs_device():

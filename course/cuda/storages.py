@@ -16,6 +16,7 @@ from course.cuda.checkpoints import saving
 from course.cuda.devices import CPU, EmulatedTensor, device_name
 
 _untyped_storage = torch.Tensor.untyped_storage
+_tensor_typed_storage = torch.Tensor._typed_storage
 _storage_device = torch._C.StorageBase.device
 _typed_storage_removal_warning = torch.storage._warn_typed_storage_removal
 
@@ -35,6 +36,15 @@ def typed_storage(tensor):
         with torch._C.DisableTorchFunctionSubclass():
             return torch.Tensor.storage(tensor)
     _typed_storage_removal_warning()
+    return _typed_storage(tensor)
+
+
+def _typed_storage(tensor):
+    """`Tensor._typed_storage`, which `share_memory_()` and `is_shared()` read: for a GPU tensor, over the storage
+    above, so that they do what they do for CUDA tensors (nothing, and True) rather than share the placeholder,
+    which crashes the process."""
+    if not isinstance(tensor, EmulatedTensor) or tensor._device_index == CPU or tensor._block is None:
+        return _tensor_typed_storage(tensor)
     return torch.TypedStorage(wrap_storage=untyped_storage(tensor), dtype=tensor.dtype, _internal=True)
 
 
@@ -51,4 +61,5 @@ def _clone(storage):
     return torch.UntypedStorage(storage.nbytes()).copy_(storage)
 
 
-PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone})]
+PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone}),
+           (torch.Tensor, {"_typed_storage": _typed_storage})]
