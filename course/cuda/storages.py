@@ -18,6 +18,7 @@ from course.cuda.devices import CPU, EmulatedTensor, device_name
 _untyped_storage = torch.Tensor.untyped_storage
 _tensor_typed_storage = torch.Tensor._typed_storage
 _storage_device = torch._C.StorageBase.device
+_storage_is_shared = torch._C.StorageBase.is_shared
 _typed_storage_removal_warning = torch.storage._warn_typed_storage_removal
 
 
@@ -55,11 +56,16 @@ def _device(storage) -> torch.device:
     return torch.device(device_name(block.device))
 
 
+def _is_shared(storage) -> bool:
+    """A CUDA storage always counts as shared (PyTorch's `Tensor.is_shared`: "always True for CUDA tensors")."""
+    return getattr(storage, "_course_shown_on", None) is not None or _storage_is_shared(storage)
+
+
 def _clone(storage):
     """A host copy of the storage's bytes (PyTorch's would be made on `.device`, which a CPU build cannot): what
     the emulator's own storage moves start from, and mark."""
     return torch.UntypedStorage(storage.nbytes()).copy_(storage)
 
 
-PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone}),
+PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone, "is_shared": _is_shared}),
            (torch.Tensor, {"_typed_storage": _typed_storage})]
