@@ -223,3 +223,23 @@ def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
         with pytest.raises(RuntimeError, match="DLPack export of a tensor on an emulated GPU"):
             export(x)
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
+
+
+def test_gradients_made_from_sizes_alone_are_on_the_gpu():
+    """Backward formulas that make a zero gradient from the input's sizes and options (`copysign`'s sign argument,
+    `sgn`, `repeat(0, ...)`) made it on the host: `.grad` of a GPU tensor was a CPU tensor."""
+    def run(device):
+        torch.manual_seed(0)
+        a, b = (torch.randn(3, device=device, requires_grad=True) for _ in range(2))
+        torch.copysign(a, b).sum().backward()
+        c = torch.randn(3, device=device, requires_grad=True)
+        (c.sgn() + c.repeat(0, 2).sum()).sum().backward()
+        by_grad = torch.autograd.grad(torch.copysign(a, b).sum(), [a, b])
+        return [a.grad, b.grad, c.grad, *by_grad]
+    want = run("cpu")
+    with course.emulate(gpus=1):
+        got = run("cuda")
+        assert [g.device for g in got] == [torch.device("cuda", 0)] * len(got)
+        got = [g.cpu() for g in got]
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)

@@ -241,6 +241,45 @@ def _set_data(self, new):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
 
 
+def on_gradient_device(gradient, tensor):
+    """A gradient PyTorch's C++ made as a plain CPU tensor for an emulated GPU tensor, on that GPU.
+
+    Backward formulas make some gradients from the input's sizes and options alone (`copysign`'s gradient for its
+    sign argument, `sgn`'s, `normal`'s, `repeat` with a zero count: `at::zeros(sizes, options)`), and on a CPU
+    build those options name the host. On a GPU that gradient is a GPU tensor, made by a fill kernel."""
+    if (gradient is None or isinstance(gradient, EmulatedTensor) or not isinstance(tensor, EmulatedTensor)
+            or tensor._device_index == CPU or gradient.layout is not torch.strided):
+        return gradient
+    emu, index = current_emulator("gradient"), tensor._device_index
+    nbytes = gradient.numel() * gradient.element_size()
+    block = emu.memory.allocate(index, nbytes)
+    block.ready_ns = emu.clock.launch("kernel", "aten::fill_", index, emu.current_stream_id(index),
+                                      costs.kernel_ns(emu.gpu, 0, nbytes, gradient.dtype, False, False), nbytes=nbytes)
+    inner = gradient.detach() if emu.materialize else gradient.detach().to("meta")
+    return wrap(inner, index, block)
+
+
+def _grad(self):
+    """`tensor.grad`, a GPU tensor for a GPU tensor (see `on_gradient_device`), kept as the tensor's gradient."""
+    with torch._C.DisableTorchFunctionSubclass():
+        gradient = torch.Tensor.grad.__get__(self)
+        moved = on_gradient_device(gradient, self)
+        if moved is not gradient:
+            torch.Tensor.grad.__set__(self, moved)
+    return moved
+
+
+_autograd_grad = torch.autograd.grad
+
+
+def _grad_of(outputs, inputs, *args, **kwargs):
+    """`torch.autograd.grad`, its gradients for GPU inputs on the GPU (see `on_gradient_device`)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        gradients = _autograd_grad(outputs, inputs, *args, **kwargs)
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    return tuple(on_gradient_device(g, t) for g, t in zip(gradients, inputs))
+
+
 def _lengths_read_on_host(ctc_loss):
     """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
     them on the host (LossCTC.cpp), as the list overload called here does."""
@@ -299,6 +338,8 @@ _HANDLERS = {
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
     torch.Tensor.data.__set__: _set_data,
+    torch.Tensor.grad.__get__: _grad,
+    torch.autograd.grad: _grad_of,
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,

@@ -156,4 +156,7 @@ out["data_dependent"] = {
     "multinomial_shape": list(torch.multinomial(torch.softmax(values, 1), 3).shape),
     "normal_log_prob": torch.distributions.Normal(values[0], values[1].exp()).log_prob(values[2]).sum().item(),
 }
+sign_source, sign = (torch.randn(3, generator=g).to(device).requires_grad_() for _ in range(2))
+torch.copysign(sign_source, sign).sum().backward()  # the sign's gradient is zeros made from its sizes alone
+out["copysign_grads"] = [sign.grad.device.type == device, sign.grad.tolist(), sign_source.grad.tolist()]
 print("RESULT", json.dumps(out))
