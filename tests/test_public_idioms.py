@@ -179,6 +179,7 @@ def test_lists_of_gpu_scalars_become_host_tensors_with_their_dtype(emu):
     assert picked.tolist() == [[1, 0]] and picked.device.type == "cpu"
     doubles = torch.tensor([scores[0, 0].double(), scores[1, 0].double()])
     assert doubles.dtype == torch.float64 and doubles.tolist() == pytest.approx([0.1, 0.8])
+    assert torch.tensor(scores[0, 1]).device == torch.device("cuda", 0)  # a tensor itself is copied where it is
     on_gpu = torch.tensor([[scores[0, 1]]], device="cuda")
     assert on_gpu.device == torch.device("cuda", 0) and on_gpu.item() == pytest.approx(0.9)
 

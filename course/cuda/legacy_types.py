@@ -23,6 +23,8 @@ NAMES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTen
 def holds_gpu_tensors(data) -> bool:
     """Whether nested lists or tuples hold emulated GPU tensors (which C++ would try to read in place), judged by
     their first items: such lists are made of like items, and a long list of numbers is not walked on every call."""
+    if not isinstance(data, (list, tuple)):
+        return False  # a tensor itself: `torch.tensor(gpu_tensor)` copies it where it is, as on a GPU
     while isinstance(data, (list, tuple)) and data:
         data = data[0]
     return isinstance(data, EmulatedTensor) and data._device_index != CPU
