@@ -161,3 +161,120 @@ def test_a_forked_child_cannot_use_the_gpu_as_on_cuda(emu):
     child.join()
     assert said.startswith("Cannot re-initialize CUDA in forked subprocess")
     assert torch.ones(2, device="cuda").sum().item() == 2.0  # the parent is untouched
+
+
+def _packed_lstm_run(device):
+    """Seq2seq-style: pack with CPU lengths (sorted and not), a bidirectional LSTM, pad back, backward."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 4, bidirectional=True).to(device)
+    padded = torch.randn(5, 3, 3).to(device).requires_grad_()
+    lengths = torch.tensor([2, 5, 3])  # on the CPU, as CUDA requires
+    packed = nn.utils.rnn.pack_padded_sequence(padded, lengths, enforce_sorted=False)
+    out, (h, _) = lstm(packed)
+    unpacked, out_lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=6)
+    (unpacked.square().sum() + h.sum()).backward()
+    sequences = [torch.arange(n * 2.0).view(n, 2).to(device) for n in (2, 4)]
+    left = nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=-1.0, padding_side="left")
+    return {"devices": [str(packed.data.device), str(packed.batch_sizes.device), str(unpacked.device),
+                        str(out_lengths.device), str(left.device)],
+            "values": [unpacked.detach().cpu(), out_lengths, padded.grad.cpu(), lstm.weight_hh_l0_reverse.grad.cpu(),
+                       left.cpu()]}
+
+
+def test_packed_sequences_take_cpu_lengths_and_match_cpu():
+    want = _packed_lstm_run("cpu")
+    with course.emulate(gpus=1):
+        got = _packed_lstm_run("cuda")
+        with pytest.raises(RuntimeError, match="'lengths' argument should be a 1D CPU int64 tensor, but got 1D cuda:0"):
+            nn.utils.rnn.pack_padded_sequence(torch.ones(3, 2, 1, device="cuda"), torch.tensor([3, 2], device="cuda"))
+    # the padded data follows the GPU; batch sizes and lengths stay on the host, where CUDA's kernels read them
+    assert got["devices"] == ["cuda:0", "cpu", "cuda:0", "cpu", "cuda:0"]
+    for mine, theirs in zip(got["values"], want["values"]):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_legacy_types_tell_host_from_gpu_tensors(emu):
+    on_gpu, on_host = torch.ones(2, device="cuda"), torch.ones(2)
+    assert not isinstance(on_gpu, torch.FloatTensor) and isinstance(on_gpu, torch.cuda.FloatTensor)
+    assert isinstance(on_host, torch.FloatTensor) and not isinstance(on_host, torch.cuda.FloatTensor)
+    assert isinstance(nn.Parameter(on_host), torch.FloatTensor) and not isinstance(on_host, torch.LongTensor)
+    assert isinstance(on_gpu.long(), torch.cuda.LongTensor) and not isinstance(on_gpu.long(), torch.LongTensor)
+    assert torch.LongTensor([1, 2]).dtype == torch.int64 and on_host.type(torch.DoubleTensor).dtype == torch.float64
+    torch.set_default_tensor_type(torch.FloatTensor)
+    with pytest.raises(RuntimeError, match="legacy constructor expects device type: cpu but device type: cuda"):
+        torch.FloatTensor(on_gpu)
+
+
+def test_lists_of_gpu_scalars_become_host_tensors_with_their_dtype(emu):
+    """The chatbot tutorial's `torch.LongTensor([[topi[i][0] for i in ...]])`, and `torch.tensor([loss_a, loss_b])`."""
+    scores = torch.tensor([[0.1, 0.9], [0.8, 0.2]], device="cuda")
+    _, top = scores.topk(1)
+    picked = torch.LongTensor([[top[i][0] for i in range(2)]])
+    assert picked.tolist() == [[1, 0]] and picked.device.type == "cpu"
+    doubles = torch.tensor([scores[0, 0].double(), scores[1, 0].double()])
+    assert doubles.dtype == torch.float64 and doubles.tolist() == pytest.approx([0.1, 0.8])
+    assert torch.tensor(scores[0, 1]).device == torch.device("cuda", 0)  # a tensor itself is copied where it is
+    on_gpu = torch.tensor([[scores[0, 1]]], device="cuda")
+    assert on_gpu.device == torch.device("cuda", 0) and on_gpu.item() == pytest.approx(0.9)
+
+
+def test_storages_of_gpu_tensors_are_on_the_gpu(emu):
+    x = torch.arange(6.0, device="cuda:1")
+    storage = x.untyped_storage()
+    assert storage.device == torch.device("cuda", 1) and storage.is_cuda and storage.nbytes() == 24
+    assert x.storage().device == torch.device("cuda", 1) and x.storage().is_cuda
+    assert storage.data_ptr() == x.data_ptr() and x[2:].untyped_storage().data_ptr() == x.data_ptr()
+    host = storage.cpu()
+    assert host.device.type == "cpu" and torch.tensor([], dtype=torch.float32).set_(host).tolist() == x.tolist()
+    assert x.cpu().untyped_storage().device.type == "cpu"
+    # share_memory_() leaves a CUDA tensor as it is, and it counts as shared (it shared the placeholder, and crashed)
+    assert x.share_memory_() is x and x.is_shared() and x.tolist() == list(range(6))
+    host = torch.ones(2).share_memory_()
+    assert host.is_shared()
+
+
+def test_python_functions_that_make_tensors_on_their_inputs_device():
+    def run(device):
+        torch.manual_seed(0)
+        bag = nn.EmbeddingBag(10, 3, mode="max").to(device)
+        out = bag(torch.tensor([[1, 2], [3, 4]], device=device))
+        out.sum().backward()
+        weighted = nn.EmbeddingBag(10, 3, mode="sum").to(device)(
+            torch.tensor([[1, 2], [3, 4]], device=device), per_sample_weights=torch.tensor([[0.5, 1.0], [2.0, 0.1]], device=device))
+        coordinates = torch.unravel_index(torch.tensor([5, 11], device=device), (3, 4))
+        return [out.detach().cpu(), bag.weight.grad.cpu(), weighted.detach().cpu()] + [c.cpu() for c in coordinates]
+    want = run("cpu")
+    with course.emulate(gpus=1):
+        got = run("cuda")
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
+    model, x = nn.Linear(2, 2).to("cuda"), torch.ones(1, 2, device="cuda")
+    with pytest.raises(RuntimeError, match="torch.export.export of a model or inputs on emulated GPUs"):
+        torch.export.export(model, (x,))
+    for export in (torch.utils.dlpack.to_dlpack, torch.from_dlpack, lambda t: t.__dlpack__()):
+        with pytest.raises(RuntimeError, match="DLPack export of a tensor on an emulated GPU"):
+            export(x)
+    assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
+
+
+def test_gradients_made_from_sizes_alone_are_on_the_gpu():
+    """Backward formulas that make a zero gradient from the input's sizes and options (`copysign`'s sign argument,
+    `sgn`, `repeat(0, ...)`) made it on the host: `.grad` of a GPU tensor was a CPU tensor."""
+    def run(device):
+        torch.manual_seed(0)
+        a, b = (torch.randn(3, device=device, requires_grad=True) for _ in range(2))
+        torch.copysign(a, b).sum().backward()
+        c = torch.randn(3, device=device, requires_grad=True)
+        (c.sgn() + c.repeat(0, 2).sum()).sum().backward()
+        by_grad = torch.autograd.grad(torch.copysign(a, b).sum(), [a, b])
+        return [a.grad, b.grad, c.grad, *by_grad]
+    want = run("cpu")
+    with course.emulate(gpus=1):
+        got = run("cuda")
+        assert [g.device for g in got] == [torch.device("cuda", 0)] * len(got)
+        got = [g.cpu() for g in got]
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)

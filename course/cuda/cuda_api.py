@@ -406,6 +406,40 @@ def compile(model=None, **options):  # noqa: A001 - named as torch.compile
     return model
 
 
+_export = torch.export.export
+
+
+def export(mod, args=(), kwargs=None, **options):
+    """`torch.export.export` while emulating: refused, naming it, for a model or inputs on emulated GPUs (tracing
+    them would abort the whole process: a CPU build has no CUDA device guard); PyTorch's own otherwise."""
+    state = list(mod.parameters()) + list(mod.buffers()) if isinstance(mod, torch.nn.Module) else []
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs, state))
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+        raise not_modelled("torch.export.export of a model or inputs on emulated GPUs",
+                           "export the model on the CPU (its graph is the same), or run it eagerly")
+    return _export(mod, args, kwargs, **options)
+
+
+def _host_only_dlpack(to_dlpack):
+    """DLPack export (`to_dlpack`, `__dlpack__`, `torch.from_dlpack(gpu_tensor)`) of an emulated GPU tensor: refused,
+    naming it. PyTorch's C++ would read the wrapper's storage, which holds nothing, and crash the process; a capsule
+    of the CPU values inside would tell the consumer (NumPy, CuPy, JAX) the wrong device."""
+
+    @functools.wraps(to_dlpack)
+    def refusing(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+            raise not_modelled("DLPack export of a tensor on an emulated GPU", "copy it to the host with .cpu() first")
+        return to_dlpack(tensor, *args, **kwargs)
+
+    return refusing
+
+
+DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
+                              for name in ("_to_dlpack", "_to_dlpack_versioned")}),
+                  (torch.utils.dlpack, {"to_dlpack": _host_only_dlpack(torch.utils.dlpack.to_dlpack)}),
+                  (torch, {"to_dlpack": _host_only_dlpack(torch.to_dlpack)})]
+
+
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
@@ -502,6 +536,6 @@ DEVICE_BINDINGS = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator."""
-    return cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})] \
-        + rng.patches(num_gpus)
+    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export."""
+    return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
+            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES)

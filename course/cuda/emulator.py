@@ -20,7 +20,7 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, environment, interception, kernels,
-                         module_calls, nccl, profiling)
+                         legacy_types, module_calls, nccl, profiling, storages)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -120,6 +120,7 @@ class Emulator:
         for target, replacements in cuda_api.module_patches(self.num_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
         self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        self._patch(torch, legacy_types.PATCHES)  # isinstance(cuda_x, torch.FloatTensor) is False, as on a GPU box
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.nccl, collectives.NCCL_PATCHES)
@@ -139,7 +140,7 @@ class Emulator:
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
         # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
-        for target, replacements in checkpoints.patches():  # torch.save/torch.load with 'cuda:i' locations
+        for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
         devices.active = self
         autocast.install()

@@ -11,7 +11,8 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention, sharing
+from course.cuda import attention, inner_factories, packed_sequences, storages
+from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
 from course.machine import costs
@@ -240,6 +241,45 @@ def _set_data(self, new):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
 
 
+def on_gradient_device(gradient, tensor):
+    """A gradient PyTorch's C++ made as a plain CPU tensor for an emulated GPU tensor, on that GPU.
+
+    Backward formulas make some gradients from the input's sizes and options alone (`copysign`'s gradient for its
+    sign argument, `sgn`'s, `normal`'s, `repeat` with a zero count: `at::zeros(sizes, options)`), and on a CPU
+    build those options name the host. On a GPU that gradient is a GPU tensor, made by a fill kernel."""
+    if (gradient is None or isinstance(gradient, EmulatedTensor) or not isinstance(tensor, EmulatedTensor)
+            or tensor._device_index == CPU or gradient.layout is not torch.strided):
+        return gradient
+    emu, index = current_emulator("gradient"), tensor._device_index
+    nbytes = gradient.numel() * gradient.element_size()
+    block = emu.memory.allocate(index, nbytes)
+    block.ready_ns = emu.clock.launch("kernel", "aten::fill_", index, emu.current_stream_id(index),
+                                      costs.kernel_ns(emu.gpu, 0, nbytes, gradient.dtype, False, False), nbytes=nbytes)
+    inner = gradient.detach() if emu.materialize else gradient.detach().to("meta")
+    return wrap(inner, index, block)
+
+
+def _grad(self):
+    """`tensor.grad`, a GPU tensor for a GPU tensor (see `on_gradient_device`), kept as the tensor's gradient."""
+    with torch._C.DisableTorchFunctionSubclass():
+        gradient = torch.Tensor.grad.__get__(self)
+        moved = on_gradient_device(gradient, self)
+        if moved is not gradient:
+            torch.Tensor.grad.__set__(self, moved)
+    return moved
+
+
+_autograd_grad = torch.autograd.grad
+
+
+def _grad_of(outputs, inputs, *args, **kwargs):
+    """`torch.autograd.grad`, its gradients for GPU inputs on the GPU (see `on_gradient_device`)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        gradients = _autograd_grad(outputs, inputs, *args, **kwargs)
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    return tuple(on_gradient_device(g, t) for g, t in zip(gradients, inputs))
+
+
 def _lengths_read_on_host(ctc_loss):
     """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
     them on the host (LossCTC.cpp), as the list overload called here does."""
@@ -290,8 +330,6 @@ _HANDLERS = {
     torch.Tensor.copy_: _copy_,
     torch.Tensor.pin_memory: _pin_memory,
     torch.Tensor.is_pinned: _is_pinned,
-    torch.Tensor.share_memory_: sharing.share_memory_,
-    torch.Tensor.is_shared: sharing.is_shared,
     torch.Tensor.numpy: _numpy,
     torch.Tensor.tolist: _tolist,
     torch.Tensor.new_tensor: _new_tensor,
@@ -300,9 +338,18 @@ _HANDLERS = {
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
     torch.Tensor.data.__set__: _set_data,
+    torch.Tensor.grad.__get__: _grad,
+    torch.autograd.grad: _grad_of,
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
+    torch._VF._pack_padded_sequence: packed_sequences.pack_padded_sequence,
+    torch._VF._pad_packed_sequence: packed_sequences.pad_packed_sequence,
+    torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
+    torch.Tensor.untyped_storage: storages.untyped_storage,
+    torch.Tensor.storage: storages.typed_storage,
+    torch.nn.functional.embedding_bag: inner_factories.embedding_bag,
+    torch.unravel_index: inner_factories.unravel_index,
 }
 
 
@@ -341,6 +388,8 @@ def handle_torch_function(func, args, kwargs):
 
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
+    if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
+        args = (on_host(args[0]),) + args[1:]
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)

@@ -3,8 +3,8 @@
 On a GPU, a CUDA tensor put on a `mp.Queue` or passed to `mp.Process` is not copied: the other process opens
 the same device memory (torch/multiprocessing/reductions.py, `reduce_tensor`), so Hogwild-style workers train
 one set of parameters. An emulated tensor's values are its inner CPU tensor, so that is moved to shared memory
-and sent instead; the receiving process, emulating too, wraps it on the same GPU. `share_memory_()` is a no-op on
-CUDA tensors and `is_shared()` is True for them (torch/_tensor.py), so both answer that way here.
+and sent instead; the receiving process, emulating too, wraps it on the same GPU. (`share_memory_()` and
+`is_shared()` answer as for CUDA tensors through their storage, course/cuda/storages.py.)
 A forked child may not use CUDA once its parent has (`torch.cuda._lazy_init`'s "Cannot re-initialize CUDA in
 forked subprocess"): here it would compute on private copies the parent never sees, so it gets that error.
 """
@@ -17,22 +17,6 @@ import torch
 
 from course.cuda import devices
 from course.cuda.devices import CPU, EmulatedTensor, wrap
-
-
-def share_memory_(tensor):
-    """`Tensor.share_memory_`: a no-op for a tensor on a GPU."""
-    if isinstance(tensor, EmulatedTensor) and tensor.is_cuda:
-        return tensor
-    with torch._C.DisableTorchFunctionSubclass():
-        return torch.Tensor.share_memory_(tensor)
-
-
-def is_shared(tensor) -> bool:
-    """`Tensor.is_shared`: always True for a tensor on a GPU."""
-    if isinstance(tensor, EmulatedTensor) and tensor.is_cuda:
-        return True
-    with torch._C.DisableTorchFunctionSubclass():
-        return torch.Tensor.is_shared(tensor)
 
 
 def _reduce_shared(tensor: EmulatedTensor):

@@ -1,0 +1,78 @@
+"""`torch.FloatTensor` and the other legacy CPU tensor types, and tensors made from lists of GPU scalars.
+
+PyTorch's legacy types answer `isinstance` in C++ from the tensor's dispatch key, and an emulated GPU tensor's C++
+device is the CPU: `isinstance(cuda_x, torch.FloatTensor)` would be True, a silently wrong branch in type-checking
+code (False on a GPU box, where `torch.cuda.FloatTensor` is the one that answers True). While the emulator runs,
+each of these names is a class that answers for host tensors only and builds tensors as PyTorch's type does.
+
+`torch.LongTensor([[top_index[i][0] for i in range(batch)]])` (the chatbot tutorial) and `torch.tensor([loss_a,
+loss_b])` read GPU scalars: PyTorch's C++ reads each one with a copy to the host. On a CPU build it would read the
+emulated tensor's storage, which holds nothing, so those scalars are first copied to the host here.
+"""
+from __future__ import annotations
+
+import torch
+
+from course.cuda.devices import CPU, EmulatedTensor
+from course.cuda.transfers import to_host_copy
+
+NAMES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor", "CharTensor", "ShortTensor",
+         "IntTensor", "LongTensor", "BoolTensor")
+
+
+def holds_gpu_tensors(data) -> bool:
+    """Whether nested lists or tuples hold emulated GPU tensors (which C++ would try to read in place), judged by
+    their first items: such lists are made of like items, and a long list of numbers is not walked on every call."""
+    if not isinstance(data, (list, tuple)):
+        return False  # a tensor itself: `torch.tensor(gpu_tensor)` copies it where it is, as on a GPU
+    while isinstance(data, (list, tuple)) and data:
+        data = data[0]
+    return isinstance(data, EmulatedTensor) and data._device_index != CPU
+
+
+def on_host(data):
+    """Nested lists and tuples with each emulated tensor replaced by its host copy (its dtype kept, which a Python
+    number would lose: a list of float64 scalars makes a float64 tensor)."""
+    if isinstance(data, EmulatedTensor):
+        return to_host_copy(data)
+    if isinstance(data, (list, tuple)):
+        return type(data)(on_host(item) for item in data)
+    return data
+
+
+class _HostTypeMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls._original) and not (isinstance(obj, EmulatedTensor) and obj._device_index != CPU)
+
+
+def _host_type(name: str):
+    original = getattr(torch, name)
+
+    def __new__(cls, *args, **kwargs):
+        if args and isinstance(args[0], EmulatedTensor) and args[0]._device_index != CPU:
+            raise RuntimeError("legacy constructor expects device type: cpu but device type: cuda was passed")
+        if args and holds_gpu_tensors(args[0]):
+            args = (on_host(args[0]),) + args[1:]
+        return original(*args, **kwargs)
+
+    return _HostTypeMeta(name, (), {"__new__": __new__, "_original": original, "dtype": original.dtype,
+                                    "is_cuda": False, "is_sparse": False, "layout": torch.strided,
+                                    "__module__": "torch"})
+
+
+HOST_TYPES = {name: _host_type(name) for name in NAMES}
+
+
+def _original_type(value):
+    return value._original if isinstance(value, _HostTypeMeta) else value
+
+
+_set_default_tensor_type = torch.set_default_tensor_type
+
+
+def set_default_tensor_type(t):
+    """`torch.set_default_tensor_type(torch.FloatTensor)` with the class above: PyTorch's C++ wants its own."""
+    return _set_default_tensor_type(_original_type(t))
+
+
+PATCHES = {**HOST_TYPES, "set_default_tensor_type": set_default_tensor_type}
