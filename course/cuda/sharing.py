@@ -15,7 +15,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import torch
 
-from course.cuda import devices
+from course.cuda import devices, storages
 from course.cuda.devices import CPU, EmulatedTensor, wrap
 
 
@@ -27,6 +27,7 @@ def _reduce_shared(tensor: EmulatedTensor):
             "crossing process boundaries.  If you just want to transfer the data, call detach() on the tensor "
             "before serializing (e.g., putting it on the queue).")
     inner = tensor._inner
+    storages.shown_as_host(inner.untyped_storage())  # its values are a CPU storage, shared as one
     if not inner.is_shared():
         inner.share_memory_()  # in place: the sender's tensor and its views now live in shared memory
     return _rebuild_shared, (inner, tensor._device_index, tensor.requires_grad,

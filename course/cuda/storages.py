@@ -40,6 +40,13 @@ def typed_storage(tensor):
     return _typed_storage(tensor)
 
 
+def shown_as_host(storage):
+    """The storage without its GPU mark, as the CPU storage it is: for torch.multiprocessing, which shares a
+    storage it takes for CUDA memory through CUDA IPC (course/cuda/sharing.py)."""
+    storage.__dict__.pop("_course_shown_on", None)
+    return storage
+
+
 def _typed_storage(tensor):
     """`Tensor._typed_storage`, which `share_memory_()` and `is_shared()` read: for a GPU tensor, over the storage
     above, so that they do what they do for CUDA tensors (nothing, and True) rather than share the placeholder,
