@@ -239,8 +239,9 @@ def test_python_functions_that_make_tensors_on_their_inputs_device():
         bag = nn.EmbeddingBag(10, 3, mode="max").to(device)
         out = bag(torch.tensor([[1, 2], [3, 4]], device=device))
         out.sum().backward()
-        weighted = nn.EmbeddingBag(10, 3, mode="sum").to(device)(
-            torch.tensor([[1, 2], [3, 4]], device=device), per_sample_weights=torch.tensor([[0.5, 1.0], [2.0, 0.1]], device=device))
+        sample_weights = torch.tensor([[0.5, 1.0], [2.0, 0.1]], device=device)
+        weighted = nn.EmbeddingBag(10, 3, mode="sum").to(device)(torch.tensor([[1, 2], [3, 4]], device=device),
+                                                                 per_sample_weights=sample_weights)
         coordinates = torch.unravel_index(torch.tensor([5, 11], device=device), (3, 4))
         return [out.detach().cpu(), bag.weight.grad.cpu(), weighted.detach().cpu()] + [c.cpu() for c in coordinates]
     want = run("cpu")

@@ -121,8 +121,10 @@ for name, category in [("Alice", 0), ("Bob", 1), ("Chen", 2)]:
         p.data.add_(p.grad.data, alpha=-0.05)
     out["char_rnn"].append([loss.item(), output.topk(1)[1].item()])
 # type checks as older code writes them: each legacy type answers for its own device only
-out["legacy_types"] = [isinstance(hidden, torch.FloatTensor) != on_gpu, isinstance(hidden, torch.cuda.FloatTensor) == on_gpu,
-                       isinstance(hidden.cpu(), torch.FloatTensor), hidden.type() == ("torch.cuda.FloatTensor" if on_gpu else "torch.FloatTensor"),
+out["legacy_types"] = [isinstance(hidden, torch.FloatTensor) != on_gpu,
+                       isinstance(hidden, torch.cuda.FloatTensor) == on_gpu,
+                       isinstance(hidden.cpu(), torch.FloatTensor),
+                       hidden.type() == ("torch.cuda.FloatTensor" if on_gpu else "torch.FloatTensor"),
                        hidden.untyped_storage().device.type == device.type, hidden.untyped_storage().nbytes()]
 
 g = torch.Generator().manual_seed(0)
@@ -149,6 +151,7 @@ for mode in ("sum", "max"):
     result.sum().backward()
     out[f"bag_{mode}"] = [result.sum().item(), bag.weight.grad.sum().item()]
 weighted = nn.EmbeddingBag(10, 3, mode="sum").to(device)
-out["bag_weighted"] = weighted(fixed, per_sample_weights=torch.tensor([[0.5, 1.0, 2.0], [2.0, 0.1, 1.0]], device=device)).sum().item()
+sample_weights = torch.tensor([[0.5, 1.0, 2.0], [2.0, 0.1, 1.0]], device=device)
+out["bag_weighted"] = weighted(fixed, per_sample_weights=sample_weights).sum().item()
 out["unravel_index"] = [t.tolist() for t in torch.unravel_index(torch.tensor([5, 11], device=device), (3, 4))]
 print("RESULT", json.dumps(out))
