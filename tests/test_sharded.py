@@ -126,23 +126,60 @@ def test_fsdp2_gradient_divide_factor_scales_the_summed_gradients():
 
 
 def _fsdp1_rank(rank, world_size, strategy):
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
 
     torch.cuda.set_device(rank)
+    before = torch.cuda.memory_allocated()  # what an earlier run's models (held by reference cycles) still count
+    # HYBRID_SHARD shards within each row of a (replicas, shards) mesh and all-reduces across rows
+    mesh = init_device_mesh("cuda", (world_size // 2, 2)) if strategy == "HYBRID_SHARD" else None
     model = FullyShardedDataParallel(_mlp().cuda(), sharding_strategy=ShardingStrategy[strategy],
-                                     device_id=torch.cuda.current_device())
-    model(_batch().cuda()).square().mean().backward()
-    return [p.grad.cpu() for p in model.parameters()]  # unsharded: one flat parameter holding them all
+                                     device_id=torch.cuda.current_device(), device_mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = model(_batch().cuda()).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    local_numel = sum(p.numel() for p in model.parameters())
+    memory = torch.cuda.memory_allocated() - before
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT):
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
+    return losses, local_numel, memory, state
 
 
-def test_fsdp1_runs_unsharded_and_refuses_to_shard_by_name():
-    with course.emulate(gpus=2):
-        results = course.run_threads(_fsdp1_rank, 2, "NO_SHARD", backend="nccl")
-        with pytest.raises(course.lessons.ranks.RankFailed, match="sharding_strategy=FULL_SHARD is not modelled.*fully_shard"):
-            course.run_threads(_fsdp1_rank, 2, "FULL_SHARD", backend="nccl")
-    want = [g.flatten() for g in _reference_grads()]
-    for grads in results:
-        torch.testing.assert_close(torch.cat([g.flatten() for g in grads]), torch.cat(want))
+def _reference_training():
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = model(_batch()).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+@pytest.mark.parametrize("strategy, world_size", [("FULL_SHARD", 2), ("SHARD_GRAD_OP", 2), ("HYBRID_SHARD", 4)])
+def test_fsdp1_sharded_strategies_train_like_one_model_and_hold_a_shard(strategy, world_size):
+    """Every rank has the same batch, so FSDP1's averaged gradients are one model's: the losses and the gathered
+    full state dict after two SGD steps are plain CPU training's, while each rank holds half the flat parameter
+    and less memory than NO_SHARD (sharding froze the flat parameter's shape, or failed, before). HYBRID_SHARD on
+4 ranks shards over pairs."""
+    with course.emulate(gpus=world_size) as emu:
+        unsharded = course.run_threads(_fsdp1_rank, world_size, "NO_SHARD", backend="nccl")
+        sharded = course.run_threads(_fsdp1_rank, world_size, strategy, backend="nccl")
+    want_losses, want_state = _reference_training()
+    total = sum(p.numel() for p in want_state.values())
+    for losses, local_numel, memory, state in sharded:
+        torch.testing.assert_close(losses, want_losses)
+        torch.testing.assert_close(state, want_state)
+        assert local_numel == total // 2
+        assert memory < unsharded[0][2]
+    names = {(e.name, e.device) for e in emu.trace if e.kind == "collective"}
+    assert {("nccl:all_gather", "cuda:0"), ("nccl:reduce_scatter", "cuda:1")} <= names
 
 
 def _stage_for_async_save(rank, world_size):
