@@ -9,10 +9,20 @@ whose Python storage is a placeholder, so these module-level helpers are replace
 that act on the CPU storage inside and give the bytes back to (or take them from) the emulated GPU's memory count
 (course/cuda/fsdp2.py does the same for FSDP2), and `shard` swaps the flat parameter with `.data =`, which an
 emulated tensor follows (interception._set_data), where `set_` would leave the wrapper its unsharded shape.
+
+`FSDP(cpu_model, device_id=...)` moves the module's CPU parameters with `param.data = param.to(device)`
+(_init_utils._move_states_to_device), which cannot turn a CPU tensor into an emulated one: on an emulated GPU
+they are swapped for their moved copies instead (`torch.utils.swap_tensors`, what `Module.to` does here), so
+every reference to a parameter still sees it.
+
+The emulator puts this handling in place when an emulated NCCL group is made or used with FSDP1 imported, and,
+for a program that imports FSDP only after making its group, as soon as the import ends (`PatchOnImport`).
 """
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
 import sys
 
 import torch
@@ -21,6 +31,7 @@ from course.cuda import fsdp2
 from course.cuda.devices import EmulatedTensor
 
 FLAT_PARAM_MODULE = "torch.distributed.fsdp._flat_param"
+INIT_MODULE = "torch.distributed.fsdp._init_utils"
 
 
 def _inner(tensor):
@@ -77,6 +88,23 @@ _STORAGE_TESTS = {
 }
 
 
+def _move_states_to_device(original):
+    @functools.wraps(original)
+    def move_states_to_device(params, buffers, device_from_device_id):
+        if device_from_device_id is None or device_from_device_id.type != "cuda":
+            return original(params, buffers, device_from_device_id)
+        with torch.no_grad():
+            for tensor in list(params) + list(buffers):
+                moved = tensor.to(device_from_device_id)
+                if isinstance(tensor, torch.nn.Parameter):
+                    moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+                grad = tensor.grad
+                torch.utils.swap_tensors(tensor, moved)
+                if grad is not None:
+                    tensor.grad = grad.to(device_from_device_id)
+    return move_states_to_device
+
+
 def patches() -> list:
     """(module, replacements) for FSDP1's flat-parameter module once it is imported and not yet patched."""
     module = sys.modules.get(FLAT_PARAM_MODULE)
@@ -86,4 +114,28 @@ def patches() -> list:
     helpers = {"_alloc_storage": _alloc_storage(module._alloc_storage),
                "_free_storage": _free_storage(module._free_storage)}
     helpers.update({name: _on_inner(getattr(module, name), test) for name, test in _STORAGE_TESTS.items()})
-    return [(handle, {"shard": _shard(handle.shard)}), (module, helpers)]
+    init = sys.modules[INIT_MODULE]
+    return [(handle, {"shard": _shard(handle.shard)}), (module, helpers),
+            (init, {"_move_states_to_device": _move_states_to_device(init._move_states_to_device)})]
+
+
+class PatchOnImport(importlib.abc.MetaPathFinder):
+    """An import hook, on `sys.meta_path` while the emulator runs: once FSDP1's `_init_utils` (which imports
+    `_flat_param`) has run, `install` puts the replacements above in place, before any FSDP1 wrapper is made."""
+
+    def __init__(self, install):
+        self._install = install
+
+    def find_spec(self, name, path=None, target=None):
+        if name != INIT_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            self._install()
+        spec.loader.exec_module = exec_then_patch
+        return spec

@@ -38,8 +38,13 @@ def device_of(tensor: torch.Tensor) -> int:
     return tensor._device_index if isinstance(tensor, EmulatedTensor) else CPU
 
 
+def _host_address(tensor: torch.Tensor) -> int:
+    """Where a host tensor's values are: an emulated tensor moved to the host keeps them in its inner tensor."""
+    return (tensor._inner if isinstance(tensor, EmulatedTensor) else tensor).untyped_storage().data_ptr()
+
+
 def is_pinned(tensor: torch.Tensor) -> bool:
-    return device_of(tensor) == CPU and tensor.untyped_storage().data_ptr() in _pinned_storages
+    return device_of(tensor) == CPU and _host_address(tensor) in _pinned_storages
 
 
 def pin(tensor: torch.Tensor, copy: bool = True) -> torch.Tensor:
@@ -71,7 +76,7 @@ def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
     pinned under another emulator)."""
     if device_of(tensor) != CPU:
         return 0
-    pinned_by, ready_ns = _pin_times.by_address.get(tensor.untyped_storage().data_ptr(), (None, 0))
+    pinned_by, ready_ns = _pin_times.by_address.get(_host_address(tensor), (None, 0))
     return ready_ns if pinned_by is not None and pinned_by() is clock else 0
 
 

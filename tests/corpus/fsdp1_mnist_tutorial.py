@@ -76,8 +76,8 @@ def test(model, device, loader):
 def fsdp_main(rank, world_size, out_dir):
     setup(rank, world_size)
     g = torch.Generator().manual_seed(0)
-    images, labels = torch.randn(96, 1, 16, 16, generator=g), torch.randint(0, 10, (96,), generator=g)
-    train_set, test_set = TensorDataset(images[:64], labels[:64]), TensorDataset(images[64:], labels[64:])
+    images, labels = torch.randn(48, 1, 16, 16, generator=g), torch.randint(0, 10, (48,), generator=g)
+    train_set, test_set = TensorDataset(images[:32], labels[:32]), TensorDataset(images[32:], labels[32:])
     sampler1 = DistributedSampler(train_set, rank=rank, num_replicas=world_size, shuffle=True)
     sampler2 = DistributedSampler(test_set, rank=rank, num_replicas=world_size)
     train_loader = DataLoader(train_set, batch_size=8, sampler=sampler1)
@@ -101,7 +101,7 @@ def fsdp_main(rank, world_size, out_dir):
         end = torch.cuda.Event(enable_timing=True)
         start.record()
     history = []
-    for epoch in range(1, 4):
+    for epoch in range(1, 3):
         history.append([train(model, device, rank, world_size, train_loader, optimizer, epoch, sampler1)]
                        + test(model, device, test_loader))
         scheduler.step()
