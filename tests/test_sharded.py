@@ -182,6 +182,33 @@ def test_fsdp1_sharded_strategies_train_like_one_model_and_hold_a_shard(strategy
     assert {("nccl:all_gather", "cuda:0"), ("nccl:reduce_scatter", "cuda:1")} <= names
 
 
+_IMPORTS_FSDP_AFTER_THE_GROUP = """
+import torch, torch.nn as nn, course
+
+def rank(rank, world_size):
+    from torch.distributed.fsdp import FullyShardedDataParallel  # first imported here, after the group is made
+    model = FullyShardedDataParallel(nn.Linear(4, 4), device_id=rank)  # a CPU model, moved by FSDP
+    model(torch.ones(2, 4, device=f"cuda:{rank}")).sum().backward()
+    return [tuple(p.shape) for p in model.parameters()], str(next(model.parameters()).device)
+
+with course.emulate(gpus=2):
+    print(course.run_threads(rank, 2, backend="nccl"))
+"""
+
+
+def test_fsdp1_imported_after_the_process_group_shards_a_cpu_model():
+    """The emulator's handling of FSDP1 is put in place when its modules are imported, not only when a group is
+    made with them imported already (which this test module, importing FSDP2, cannot show in-process)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = subprocess.run([sys.executable, "-c", _IMPORTS_FSDP_AFTER_THE_GROUP], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == str([([(10,)], "cuda:0"), ([(10,)], "cuda:1")])  # 20 weights, halved
+
+
 def _stage_for_async_save(rank, world_size):
     from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 
