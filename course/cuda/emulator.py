@@ -21,7 +21,7 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, environment, fsdp1, interception,
-                         kernels, module_calls, nccl, profiling)
+                         kernels, module_calls, nccl, profiling, rpc)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -141,6 +141,8 @@ class Emulator:
         # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
         for target, replacements in checkpoints.patches():  # torch.save/torch.load with 'cuda:i' locations
+            self._patch(target, replacements)
+        for target, replacements in rpc.patches():  # remote calls run on the emulator
             self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
         self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})
