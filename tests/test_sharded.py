@@ -125,6 +125,27 @@ def test_fsdp2_gradient_divide_factor_scales_the_summed_gradients():
             torch.testing.assert_close(got, want / 2)
 
 
+def _fully_shard_without_a_mesh(rank, world_size):
+    torch.cuda.set_device(rank)
+    model = _mlp().cuda()
+    fully_shard(model)  # the default mesh: one over the accelerator torch detects
+    model(_batch().cuda()).square().mean().backward()
+    weight = model[0].weight
+    return weight.device_mesh.device_type, str(weight.to_local().device), [p.grad.full_tensor().cpu() for p in
+                                                                             model.parameters()]
+
+
+def test_fully_shard_without_a_mesh_shards_over_the_emulated_gpus():
+    """`fully_shard(model)` builds its mesh on `torch._C._get_accelerator()`: on a CPU build that said cpu, so FSDP2
+    moved the GPU parameters back to the host (and stopped at `param.data = cpu_tensor`)."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fully_shard_without_a_mesh, 2, backend="nccl")
+    for rank, (mesh_type, device, grads) in enumerate(results):
+        assert (mesh_type, device) == ("cuda", f"cuda:{rank}")
+        for got, want in zip(grads, _reference_grads(), strict=True):
+            torch.testing.assert_close(got, want)
+
+
 def _fsdp1_rank(rank, world_size, strategy):
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
 

@@ -279,7 +279,8 @@ class EmulatedNCCL(dist.ProcessGroup):
                                           start_ns + duration_ns, nbytes)
         for t in outputs:
             if isinstance(t, EmulatedTensor):
-                t._block.ready_ns = max(t._block.ready_ns, end)
+                if t._block is not None:  # not a GPU tensor moved to the host (interception._set_data)
+                    t._block.ready_ns = max(t._block.ready_ns, end)
             elif t.dim() > 0:
                 mark_host_scratch(t, end)
         return end
