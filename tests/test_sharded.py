@@ -146,15 +146,16 @@ def test_fully_shard_without_a_mesh_shards_over_the_emulated_gpus():
             torch.testing.assert_close(got, want)
 
 
-def _fsdp1_rank(rank, world_size, strategy):
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, StateDictType
+def _fsdp1_rank(rank, world_size, strategy, offload=False):
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy, StateDictType
 
     torch.cuda.set_device(rank)
     before = torch.cuda.memory_allocated()  # what an earlier run's models (held by reference cycles) still count
     # HYBRID_SHARD shards within each row of a (replicas, shards) mesh and all-reduces across rows
     mesh = init_device_mesh("cuda", (world_size // 2, 2)) if strategy == "HYBRID_SHARD" else None
     model = FullyShardedDataParallel(_mlp().cuda(), sharding_strategy=ShardingStrategy[strategy],
-                                     device_id=torch.cuda.current_device(), device_mesh=mesh)
+                                     device_id=torch.cuda.current_device(), device_mesh=mesh,
+                                     cpu_offload=CPUOffload(offload_params=offload))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(2):
@@ -183,15 +184,16 @@ def _reference_training():
     return losses, model.state_dict()
 
 
-@pytest.mark.parametrize("strategy, world_size", [("FULL_SHARD", 2), ("SHARD_GRAD_OP", 2), ("HYBRID_SHARD", 4)])
-def test_fsdp1_sharded_strategies_train_like_one_model_and_hold_a_shard(strategy, world_size):
+@pytest.mark.parametrize("strategy, world_size, offload", [("FULL_SHARD", 2, False), ("SHARD_GRAD_OP", 2, False),
+                                                           ("HYBRID_SHARD", 4, False), ("FULL_SHARD", 2, True)])
+def test_fsdp1_sharded_strategies_train_like_one_model_and_hold_a_shard(strategy, world_size, offload):
     """Every rank has the same batch, so FSDP1's averaged gradients are one model's: the losses and the gathered
     full state dict after two SGD steps are plain CPU training's, while each rank holds half the flat parameter
     and less memory than NO_SHARD (sharding froze the flat parameter's shape, or failed, before). HYBRID_SHARD on
-4 ranks shards over pairs."""
+4 ranks shards over pairs; with CPUOffload the shard and its optimizer step live on the host."""
     with course.emulate(gpus=world_size) as emu:
         unsharded = course.run_threads(_fsdp1_rank, world_size, "NO_SHARD", backend="nccl")
-        sharded = course.run_threads(_fsdp1_rank, world_size, strategy, backend="nccl")
+        sharded = course.run_threads(_fsdp1_rank, world_size, strategy, offload, backend="nccl")
     want_losses, want_state = _reference_training()
     total = sum(p.numel() for p in want_state.values())
     for losses, local_numel, memory, state in sharded:

@@ -64,7 +64,7 @@ def pin(tensor: torch.Tensor, copy: bool = True) -> torch.Tensor:
     if copy and emu is not None and hasattr(emu, "clock") and nbytes:
         emu.clock.host_busy(costs.host_copy_ns(nbytes), "pin_memory: host copy into pinned memory")
         pinned_at = (weakref.ref(emu.clock), emu.clock.host_ns)
-    address = pinned.untyped_storage().data_ptr()
+    address = _host_address(pinned)
     _pinned_storages.add(address)
     _pin_times.by_address[address] = pinned_at
     weakref.finalize(pinned, _forget, address)
@@ -225,7 +225,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) 
     ready_ns = src.ready_ns if isinstance(src, EmulatedTensor) else 0
     end = charge_copy(emu, src_device, dst_device, nbytes, ready_ns, is_pinned(src) or is_pinned(dst),
                       non_blocking)
-    if isinstance(dst, EmulatedTensor):
+    if isinstance(dst, EmulatedTensor) and dst._block is not None:  # host tensors have no GPU block
         dst._block.ready_ns = max(dst._block.ready_ns, end)
     return dst
 
