@@ -111,6 +111,20 @@ def test_module_to_and_cuda_move_parameters_and_keep_them_parameters(emu):
     assert model(torch.randn(3, 4, device="cuda:2")).device.index == 2
 
 
+def test_gpu_parameter_given_host_values_becomes_a_host_tensor_and_back(emu):
+    """`param.data = param.cpu()` (FSDP1's offload to the CPU) keeps the parameter object, as on a GPU box: it is
+    then a CPU tensor with the same values, its ops run on the host, and it can go back to its GPU the same way."""
+    param = nn.Parameter(torch.arange(6.0, device="cuda:1"))
+    with torch.no_grad():
+        param.data = param.cpu()
+    assert param.device == torch.device("cpu") and isinstance(param, nn.Parameter)
+    assert (param * 2).device == torch.device("cpu")
+    assert param.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    with torch.no_grad():
+        param.data = param.to("cuda:1")
+    assert param.device == torch.device("cuda:1") and param.sum().item() == 15.0
+
+
 def test_state_dict_save_load_and_deepcopy(emu, tmp_path):
     model = nn.Linear(4, 2).to("cuda:1")
     path = tmp_path / "model.pt"

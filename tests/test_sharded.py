@@ -125,24 +125,111 @@ def test_fsdp2_gradient_divide_factor_scales_the_summed_gradients():
             torch.testing.assert_close(got, want / 2)
 
 
-def _fsdp1_rank(rank, world_size, strategy):
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+def _fully_shard_without_a_mesh(rank, world_size):
+    torch.cuda.set_device(rank)
+    model = _mlp().cuda()
+    fully_shard(model)  # the default mesh: one over the accelerator torch detects
+    model(_batch().cuda()).square().mean().backward()
+    weight = model[0].weight
+    return weight.device_mesh.device_type, str(weight.to_local().device), [p.grad.full_tensor().cpu() for p in
+                                                                             model.parameters()]
+
+
+def test_fully_shard_without_a_mesh_shards_over_the_emulated_gpus():
+    """`fully_shard(model)` builds its mesh on `torch._C._get_accelerator()`: on a CPU build that said cpu, so FSDP2
+    moved the GPU parameters back to the host (and stopped at `param.data = cpu_tensor`)."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fully_shard_without_a_mesh, 2, backend="nccl")
+    for rank, (mesh_type, device, grads) in enumerate(results):
+        assert (mesh_type, device) == ("cuda", f"cuda:{rank}")
+        for got, want in zip(grads, _reference_grads(), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def _fsdp1_rank(rank, world_size, strategy, offload=False):
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy, StateDictType
 
     torch.cuda.set_device(rank)
+    before = torch.cuda.memory_allocated()  # what an earlier run's models (held by reference cycles) still count
+    # HYBRID_SHARD shards within each row of a (replicas, shards) mesh and all-reduces across rows
+    mesh = init_device_mesh("cuda", (world_size // 2, 2)) if strategy == "HYBRID_SHARD" else None
     model = FullyShardedDataParallel(_mlp().cuda(), sharding_strategy=ShardingStrategy[strategy],
-                                     device_id=torch.cuda.current_device())
-    model(_batch().cuda()).square().mean().backward()
-    return [p.grad.cpu() for p in model.parameters()]  # unsharded: one flat parameter holding them all
+                                     device_id=torch.cuda.current_device(), device_mesh=mesh,
+                                     cpu_offload=CPUOffload(offload_params=offload))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = model(_batch().cuda()).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    local_numel = sum(p.numel() for p in model.parameters())
+    memory = torch.cuda.memory_allocated() - before
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT):
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
+    return losses, local_numel, memory, state
 
 
-def test_fsdp1_runs_unsharded_and_refuses_to_shard_by_name():
-    with course.emulate(gpus=2):
-        results = course.run_threads(_fsdp1_rank, 2, "NO_SHARD", backend="nccl")
-        with pytest.raises(course.lessons.ranks.RankFailed, match="sharding_strategy=FULL_SHARD is not modelled.*fully_shard"):
-            course.run_threads(_fsdp1_rank, 2, "FULL_SHARD", backend="nccl")
-    want = [g.flatten() for g in _reference_grads()]
-    for grads in results:
-        torch.testing.assert_close(torch.cat([g.flatten() for g in grads]), torch.cat(want))
+def _reference_training():
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = model(_batch()).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+@pytest.mark.parametrize("strategy, world_size, offload", [("FULL_SHARD", 2, False), ("SHARD_GRAD_OP", 2, False),
+                                                           ("HYBRID_SHARD", 4, False), ("FULL_SHARD", 2, True)])
+def test_fsdp1_sharded_strategies_train_like_one_model_and_hold_a_shard(strategy, world_size, offload):
+    """Every rank has the same batch, so FSDP1's averaged gradients are one model's: the losses and the gathered
+    full state dict after two SGD steps are plain CPU training's, while each rank holds half the flat parameter
+    and less memory than NO_SHARD (sharding froze the flat parameter's shape, or failed, before). HYBRID_SHARD on
+4 ranks shards over pairs; with CPUOffload the shard and its optimizer step live on the host."""
+    with course.emulate(gpus=world_size) as emu:
+        unsharded = course.run_threads(_fsdp1_rank, world_size, "NO_SHARD", backend="nccl")
+        sharded = course.run_threads(_fsdp1_rank, world_size, strategy, offload, backend="nccl")
+    want_losses, want_state = _reference_training()
+    total = sum(p.numel() for p in want_state.values())
+    for losses, local_numel, memory, state in sharded:
+        torch.testing.assert_close(losses, want_losses)
+        torch.testing.assert_close(state, want_state)
+        assert local_numel == total // 2
+        assert memory < unsharded[0][2]
+    names = {(e.name, e.device) for e in emu.trace if e.kind == "collective"}
+    assert {("nccl:all_gather", "cuda:0"), ("nccl:reduce_scatter", "cuda:1")} <= names
+
+
+_IMPORTS_FSDP_AFTER_THE_GROUP = """
+import torch, torch.nn as nn, course
+
+def rank(rank, world_size):
+    from torch.distributed.fsdp import FullyShardedDataParallel  # first imported here, after the group is made
+    model = FullyShardedDataParallel(nn.Linear(4, 4), device_id=rank)  # a CPU model, moved by FSDP
+    model(torch.ones(2, 4, device=f"cuda:{rank}")).sum().backward()
+    return [tuple(p.shape) for p in model.parameters()], str(next(model.parameters()).device)
+
+with course.emulate(gpus=2):
+    print(course.run_threads(rank, 2, backend="nccl"))
+"""
+
+
+def test_fsdp1_imported_after_the_process_group_shards_a_cpu_model():
+    """The emulator's handling of FSDP1 is put in place when its modules are imported, not only when a group is
+    made with them imported already (which this test module, importing FSDP2, cannot show in-process)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = subprocess.run([sys.executable, "-c", _IMPORTS_FSDP_AFTER_THE_GROUP], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == str([([(10,)], "cuda:0"), ([(10,)], "cuda:1")])  # 20 weights, halved
 
 
 def _stage_for_async_save(rank, world_size):

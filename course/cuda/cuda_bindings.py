@@ -91,6 +91,8 @@ BINDINGS = {
     "_cuda_memorySnapshot": _memory_snapshot,
     "_cuda_getAllocatorBackend": lambda: "native",
     "_cuda_emptyCache": lambda: None,  # nothing is cached: memory is freed when the last tensor dies
+    # the accelerator torch.distributed and FSDP2 default to (fully_shard's mesh, init_process_group's backend)
+    "_get_accelerator": lambda check=False: torch.device("cuda"),
 }
 
 # torch/cuda/memory.py imported `_lazy_init` and `is_initialized` by name, so patching torch.cuda does not

@@ -7,6 +7,7 @@ emulator steps aside (unless `force=True`), so the same notebook measures the re
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import types
 
@@ -19,8 +20,8 @@ import torch.cuda.nvtx
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, environment, interception, kernels,
-                         legacy_types, module_calls, nccl, profiling, storages)
+from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, environment, fsdp1, interception,
+                         kernels, legacy_types, module_calls, nccl, profiling, rpc, storages)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -142,6 +143,10 @@ class Emulator:
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
+        for target, replacements in rpc.patches():  # remote calls run on the emulator
+            self._patch(target, replacements)
+        # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
+        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})
         devices.active = self
         autocast.install()
         self._env_before = environment.publish(self._config())
@@ -183,6 +188,10 @@ class Emulator:
             original = vars(module).get(name, _ABSENT) if isinstance(module, type) else getattr(module, name, _ABSENT)
             self._saved.append((module, name, original))
             setattr(module, name, replacement)
+
+    def _patch_fsdp1(self) -> None:
+        for target, replacements in fsdp1.patches():
+            self._patch(target, replacements)
 
     def __enter__(self) -> "Emulator":
         return self.start()

@@ -230,7 +230,10 @@ def _record_stream(self, stream):
 def _set_data(self, new):
     """`param.data = tensor` (weight-init and weight-tying code): the tensor keeps its identity, which optimizers and
     autograd hold, and takes the new values, shape and dtype. The C++ assignment alone would leave an emulated
-    tensor its old values. Between the host and a GPU the Python class would have to change: not modelled."""
+    tensor its old values. A GPU tensor given host values (`flat_param.data = flat_param.cpu()`, FSDP's offload to the
+    CPU) stays an emulated tensor, on the host. The other way the Python class would have to change: not modelled."""
+    if isinstance(self, EmulatedTensor) and type(new) is torch.Tensor and new.device.type == "cpu":
+        new = wrap(new, CPU, None)
     if isinstance(self, EmulatedTensor) != isinstance(new, EmulatedTensor):
         raise RuntimeError(f"`tensor.data = other` with `tensor` on {self.device} and `other` on {new.device} is not "
                            "modelled by the GPU emulator (course.emulate): move `other` to the tensor's device "

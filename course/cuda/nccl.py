@@ -279,7 +279,8 @@ class EmulatedNCCL(dist.ProcessGroup):
                                           start_ns + duration_ns, nbytes)
         for t in outputs:
             if isinstance(t, EmulatedTensor):
-                t._block.ready_ns = max(t._block.ready_ns, end)
+                if t._block is not None:  # not a GPU tensor moved to the host (interception._set_data)
+                    t._block.ready_ns = max(t._block.ready_ns, end)
             elif t.dim() > 0:
                 mark_host_scratch(t, end)
         return end
@@ -461,8 +462,8 @@ class EmulatedNCCL(dist.ProcessGroup):
 
 def _install_sharded_support(emu) -> None:
     """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
-    needs), FSDP1's refusal to shard (course/cuda/fsdp1.py), DCP's async staging (course/cuda/dcp_staging.py) and funcol's
-    wrapper, in place once their torch modules are imported.
+    needs), FSDP1's flat-parameter sharding (course/cuda/fsdp1.py), DCP's async staging
+    (course/cuda/dcp_staging.py) and funcol's wrapper, in place once their torch modules are imported.
 
     Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
     of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which

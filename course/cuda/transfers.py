@@ -38,8 +38,13 @@ def device_of(tensor: torch.Tensor) -> int:
     return tensor._device_index if isinstance(tensor, EmulatedTensor) else CPU
 
 
+def _host_address(tensor: torch.Tensor) -> int:
+    """Where a host tensor's values are: an emulated tensor moved to the host keeps them in its inner tensor."""
+    return (tensor._inner if isinstance(tensor, EmulatedTensor) else tensor).untyped_storage().data_ptr()
+
+
 def is_pinned(tensor: torch.Tensor) -> bool:
-    return device_of(tensor) == CPU and tensor.untyped_storage().data_ptr() in _pinned_storages
+    return device_of(tensor) == CPU and _host_address(tensor) in _pinned_storages
 
 
 def pin(tensor: torch.Tensor, copy: bool = True) -> torch.Tensor:
@@ -63,7 +68,7 @@ def pin(tensor: torch.Tensor, copy: bool = True) -> torch.Tensor:
 
 
 def _register_pinned(tensor: torch.Tensor, pinned_at=(None, 0)) -> torch.Tensor:
-    address = tensor.untyped_storage().data_ptr()
+    address = _host_address(tensor)
     _pinned_storages.add(address)
     _pin_times.by_address[address] = pinned_at
     weakref.finalize(tensor, _forget, address)
@@ -75,7 +80,7 @@ def pinned_ready_ns(tensor: torch.Tensor, clock) -> int:
     pinned under another emulator)."""
     if device_of(tensor) != CPU:
         return 0
-    pinned_by, ready_ns = _pin_times.by_address.get(tensor.untyped_storage().data_ptr(), (None, 0))
+    pinned_by, ready_ns = _pin_times.by_address.get(_host_address(tensor), (None, 0))
     return ready_ns if pinned_by is not None and pinned_by() is clock else 0
 
 
@@ -224,7 +229,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) 
     ready_ns = src.ready_ns if isinstance(src, EmulatedTensor) else 0
     end = charge_copy(emu, src_device, dst_device, nbytes, ready_ns, is_pinned(src) or is_pinned(dst),
                       non_blocking)
-    if isinstance(dst, EmulatedTensor):
+    if isinstance(dst, EmulatedTensor) and dst._block is not None:  # host tensors have no GPU block
         dst._block.ready_ns = max(dst._block.ready_ns, end)
     return dst
 
