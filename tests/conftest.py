@@ -41,6 +41,16 @@ def problem(what: str) -> str | None:
     raise ValueError(f"unknown requirement {what!r}")
 
 
+@pytest.fixture(scope="session")
+def expected_results(tmp_path_factory):
+    """One autograder/expected/ for every throw-away course the session grades (each links it in): a chapter's
+    expected results (its solution run in trusted mode, ~15 s) are computed by the first course that grades it
+    and read back by the next from the pipeline's own cache, valid while the solution, the references, grading.py
+    and course/ are unchanged (autograder/pipeline/expected.py). Beside the courses, hidden from the sandbox
+    as they are."""
+    return tmp_path_factory.mktemp("expected")
+
+
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("needs"):
         why = problem(*mark.args)
