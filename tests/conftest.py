@@ -4,6 +4,8 @@
 (Debian's chromium, driven by playwright): a skip would leave `make test` green with grading and the
 browser untested, so a missing one is a failure that says what to install. ALLOW_SKIP=1 turns these
 failures into skips, for a developer who knows the run is not a full test.
+
+`expected_results`: the grading pipeline's cache of expected results, shared by the throw-away courses of a session.
 """
 import functools
 import os
