@@ -49,7 +49,7 @@ formgrader: setup ## instructors: JupyterLab with nbgrader's Formgrader and Crea
 
 # nbval re-runs every solution notebook and compares its outputs (hidden tests import grading and the
 # references from autograder/: there they run in trusted mode, each check comparing the solution with its reference).
-NBVAL = $(GRADING_ENV) $(PY) -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
+NBVAL = $(GRADING_ENV) $(PY) -m pytest -q -p no:cacheprovider --basetemp=.pytest-nbval --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
 
 # The grading sandbox (bwrap) and the browser test (chromium) need Debian packages. Without them the tests
 # would fail (tests/conftest.py), so make test checks first: it installs them where it may (root, or sudo
@@ -68,19 +68,31 @@ system-packages: ## install what make test needs from Debian (bubblewrap, chromi
 		echo "  sudo sh -c '$(APT_INSTALL)'" >&2; \
 		echo "then make test again (or ALLOW_SKIP=1 make test to skip those tests)." >&2; exit 1; fi
 
-# The browser walk spends much of its time waiting for pages and kernels, so it runs beside the other tests and
-# nbval (its output kept in $(BROWSER_LOG) and printed after them); make test fails if any of the three fails.
+# make test runs three streams at once, each mostly waiting for processes it started (kernels, torchrun ranks,
+# chromium), so that together they keep both cores of a small machine busy: the browser walk; the grading
+# pipeline's sandboxed tests, then nbval; and the other tests, whose output shows as they run. The two in the
+# background write to $(BROWSER_LOG) and $(GRADING_LOG), printed after; make test fails if any part fails.
+# Each pytest has its own --basetemp and no cache, so that none cleans up or overwrites another's files.
 BROWSER_LOG = .browser-test.log
+GRADING_LOG = .grading-test.log
+SANDBOXED = tests/test_grading.py tests/test_round_trip.py tests/test_sandbox.py
+BACKGROUND_PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 
 test: system-packages setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
-	@$(PY) -m pytest -q -p no:cacheprovider --basetemp=.pytest-browser tests/test_browser.py >$(BROWSER_LOG) 2>&1 & \
+	@$(BACKGROUND_PYTEST) --basetemp=.pytest-browser tests/test_browser.py >$(BROWSER_LOG) 2>&1 & \
 	walk=$$!; \
-	echo "$(PY) -m pytest -q --ignore=tests/test_browser.py   (tests/test_browser.py beside it, in $(BROWSER_LOG))"; \
-	$(PY) -m pytest -q --ignore=tests/test_browser.py; rest=$$?; \
-	echo '$(NBVAL)'; $(NBVAL); nbval=$$?; \
+	{ $(BACKGROUND_PYTEST) --basetemp=.pytest-grading $(SANDBOXED); grading=$$?; \
+	  echo '$(NBVAL)'; $(NBVAL); nbval=$$?; \
+	  [ $$grading -eq 0 ] && [ $$nbval -eq 0 ]; } >$(GRADING_LOG) 2>&1 & \
+	graded=$$!; \
+	echo "$(PY) -m pytest -q --ignore=tests/test_browser.py $(SANDBOXED:%=--ignore=%)"; \
+	echo "   (beside it: tests/test_browser.py in $(BROWSER_LOG); $(SANDBOXED), then nbval, in $(GRADING_LOG))"; \
+	$(PY) -m pytest -q --ignore=tests/test_browser.py $(SANDBOXED:%=--ignore=%); rest=$$?; \
+	wait $$graded; grading=$$?; \
+	echo "== $(SANDBOXED), then nbval"; cat $(GRADING_LOG); \
 	wait $$walk; browser=$$?; \
 	echo "== tests/test_browser.py"; cat $(BROWSER_LOG); \
-	[ $$rest -eq 0 ] && [ $$nbval -eq 0 ] && [ $$browser -eq 0 ]
+	[ $$rest -eq 0 ] && [ $$grading -eq 0 ] && [ $$browser -eq 0 ]
 
 test-quick: setup ## the emulator's unit tests only (no notebooks, browser or processes), stop at the first failure
 	$(PY) -m pytest -q -x -m "not slow" --ignore=tests/test_notebooks.py --ignore=tests/test_browser.py \

@@ -4,6 +4,8 @@
 (Debian's chromium, driven by playwright): a skip would leave `make test` green with grading and the
 browser untested, so a missing one is a failure that says what to install. ALLOW_SKIP=1 turns these
 failures into skips, for a developer who knows the run is not a full test.
+
+`expected_results`: the grading pipeline's cache of expected results, shared by the throw-away courses of a session.
 """
 import functools
 import os
@@ -39,6 +41,16 @@ def problem(what: str) -> str | None:
             return "playwright is not installed (make setup installs it)"
         return None
     raise ValueError(f"unknown requirement {what!r}")
+
+
+@pytest.fixture(scope="session")
+def expected_results(tmp_path_factory):
+    """One autograder/expected/ for every throw-away course the session grades (each links it in): a chapter's
+    expected results (its solution run in trusted mode, ~15 s) are computed by the first course that grades it
+    and read back by the next from the pipeline's own cache, valid while the solution, the references, grading.py
+    and course/ are unchanged (autograder/pipeline/expected.py). Beside the courses, hidden from the sandbox
+    as they are."""
+    return tmp_path_factory.mktemp("expected")
 
 
 def pytest_runtest_setup(item):

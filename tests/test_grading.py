@@ -174,11 +174,12 @@ COURSE_DIR = []
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graded(tmp_path_factory, expected_results):
     course = tmp_path_factory.mktemp("course")
     COURSE_DIR.append(course)
     for rel in (f"solutions/{CH}", "autograder/references"):
         shutil.copytree(ROOT / rel, course / rel)
+    (course / "autograder" / "expected").symlink_to(expected_results)  # shared, see tests/conftest.py
     shutil.copy(ROOT / "nbgrader_config.py", course)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                GRADER_COURSE_DIR=str(course))

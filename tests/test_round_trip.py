@@ -29,10 +29,11 @@ pytestmark = pytest.mark.needs("sandbox")  # fails without it unless ALLOW_SKIP=
 
 
 @pytest.fixture(scope="module")
-def workshop(tmp_path_factory):
+def workshop(tmp_path_factory, expected_results):
     course = tmp_path_factory.mktemp("workshop")
     shutil.copytree(ROOT / "solutions", course / "solutions")
     shutil.copytree(ROOT / "autograder" / "references", course / "autograder" / "references")
+    (course / "autograder" / "expected").symlink_to(expected_results)  # shared, see tests/conftest.py
     shutil.copy(ROOT / "nbgrader_config.py", course)
     (course / "notebooks").mkdir()
     shutil.copy(ROOT / "notebooks" / "README.md", course / "notebooks")
