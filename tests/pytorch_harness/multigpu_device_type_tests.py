@@ -10,17 +10,6 @@ from torch.testing._internal.common_device_type import (instantiate_device_type_
 
 class TestMultiGPU(TestCase):
     @unittest.skipIf(not TEST_MULTIGPU, "only one GPU detected")
-    def test_copy_between_devices(self):
-        x = torch.randn(5, 5, device="cuda:0")
-        with torch.cuda.device(1):
-            y = x.cuda()
-            self.assertEqual(y.get_device(), 1)
-            self.assertIs(y.cuda(), y)
-            z = y.cuda(0)
-            self.assertEqual(z.get_device(), 0)
-        self.assertEqual(x, z)
-
-    @unittest.skipIf(not TEST_MULTIGPU, "only one GPU detected")
     def test_streams_multi_gpu(self):
         default_stream = torch.cuda.current_stream()
         self.assertEqual(default_stream.device, torch.device("cuda:0"))
