@@ -48,7 +48,7 @@ def _rank_main(rank, world_size, model, image, grid, halo, exchange):
     if exchange is None:  # overlap recompute: a box `halo` wider on every side, clipped to the image
         top, bottom, left, right = max(0, top - halo), min(height, bottom + halo), max(0, left - halo), \
             min(width, right + halo)
-    dist.barrier()
+    dist.barrier(device_ids=[rank])  # the GPU this rank drives, as on a GPU box (else PyTorch warns it guesses)
     torch.cuda.synchronize()
     start_ms = _now_ms()
     with torch.no_grad():
@@ -94,7 +94,7 @@ def _exchange_main(rank, world_size, image, grid, width, exchange):
     torch.cuda.set_device(rank)
     top, bottom, left, right = tile_box(image.shape[-2], image.shape[-1], grid, rank)
     tile = image[..., top:bottom, left:right].to(f"cuda:{rank}")
-    dist.barrier()
+    dist.barrier(device_ids=[rank])  # the GPU this rank drives, as on a GPU box (else PyTorch warns it guesses)
     torch.cuda.synchronize()
     start_ms = _now_ms()
     padded = exchange(tile, grid, width)
