@@ -225,6 +225,28 @@ def _close(page):
         page.wait_for_timeout(200)
 
 
+def _save(page, notebook: Path, timeout_s: float = 60) -> dict:
+    """Save the open notebook (Ctrl+S) and return it as written."""
+    saved_before, deadline = notebook.stat().st_mtime_ns, time.time() + timeout_s
+    page.keyboard.press("Control+s")
+    while True:  # the server may write the file in place: wait until it is new and whole
+        assert time.time() < deadline, f"{notebook.name} was not saved"
+        page.wait_for_timeout(200)
+        if notebook.stat().st_mtime_ns != saved_before:
+            with contextlib.suppress(json.JSONDecodeError):
+                return json.loads(notebook.read_text())
+
+
+def _widgets_without_state(saved: dict) -> list[str]:
+    """The widget outputs of a saved notebook whose model the notebook's widget state lacks: reopened, each
+    would show "model not found"."""
+    state = saved["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    shown = [output["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+             for cell in saved["cells"] for output in cell.get("outputs", [])
+             if "application/vnd.jupyter.widget-view+json" in output.get("data", {})]
+    return [model for model in shown if model not in state.get("state", {})]
+
+
 def _walk(lab: Lab, page, notebook: Path, timeout_s: float = 300) -> Walk:
     """Open `notebook` in JupyterLab, Run All, wait until it stops (at the end, or at an error in a cell not
     tagged raises-exception), save it and read what each cell shows. The notebook stays open."""
@@ -239,15 +261,7 @@ def _walk(lab: Lab, page, notebook: Path, timeout_s: float = 300) -> Walk:
         page.wait_for_timeout(250)
         state = page.evaluate(_RUNNING)
         idle_polls = idle_polls + 1 if state["queued"] == 0 and state["status"] == "idle" else 0
-    saved_before = notebook.stat().st_mtime_ns
-    page.keyboard.press("Control+s")
-    saved = None
-    while saved is None:  # the server may write the file in place: wait until it is new and whole
-        assert time.time() < deadline, f"{notebook.name} was not saved"
-        page.wait_for_timeout(200)
-        if notebook.stat().st_mtime_ns != saved_before:
-            with contextlib.suppress(json.JSONDecodeError):
-                saved = json.loads(notebook.read_text())
+    saved = _save(page, notebook)
     # Images decode after they are attached (a broken one never gets a width), and widgets may still be
     # loading their models; one that is still loading after a while never shows.
     page.wait_for_function("() => [...document.querySelectorAll('.jp-OutputArea-output img')].every(i => i.complete)",
@@ -381,6 +395,9 @@ def test_a_chapter_runs_all_in_jupyterlab_untouched_and_answered(chapter, lab, l
         for index, shown in enumerate(answered.shown):
             if shown["widgets"] and page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".widget-slider").count():
                 _move_a_slider(page, index)
+        # Saved while the kernel is alive: ipywidgets writes only models whose comm is live (its issue #3270).
+        missing_state = _widgets_without_state(_save(page, answered_path)) if sliders else []
+        assert not missing_state, f"{chapter}: saved without the state of widgets {missing_state}"
         _close(page)
     # Plots of the answered chapter that are not part of an exercise show untouched too, or a demo since the
     # last exercise says which exercise to finish (demo_needs), in the plot's cell or in one before it.
@@ -394,12 +411,21 @@ def test_a_chapter_runs_all_in_jupyterlab_untouched_and_answered(chapter, lab, l
 
     if sliders:  # a learner comes back the next day: the saved widget state shows, not "model not found"
         with _reported(page, lab, tmp_path / "reopened.png"):
-            _open(page, lab, answered_path)
-            page.wait_for_function(
-                "n => document.querySelectorAll('.jp-OutputArea-output .widget-slider').length >= n"
-                " || document.body.textContent.includes('Error displaying widget')", arg=sliders, timeout=90_000)
-            # textContent, not innerText: a cell out of view (content-visibility) has no innerText.
-            assert "Error displaying widget" not in page.locator(".jp-Notebook").text_content()
+            for attempt in range(3):
+                _open(page, lab, answered_path)
+                page.wait_for_function(
+                    "n => document.querySelectorAll('.jp-OutputArea-output .widget-slider').length >= n"
+                    " || document.body.textContent.includes('Error displaying widget')", arg=sliders, timeout=90_000)
+                # textContent, not innerText: a cell out of view (content-visibility) has no innerText.
+                failed = "Error displaying widget" in page.locator(".jp-Notebook").text_content()
+                if not failed:
+                    break
+                # The state is in the file (checked above). jupyterlab-manager 5 can still lose it on opening:
+                # the kernel's "connected" event starts a second restore that marks the manager restored while
+                # the first is waiting for the kernel's comm info before it registers the notebook's models, and
+                # a view that looks its model up in that window shows "model not found" for good. Open again.
+                _close(page)
+            assert not failed, "the saved widget state did not show in 3 openings"
             assert page.locator(".jp-OutputArea-output .widget-slider").count() >= sliders
             _close(page)
 
