@@ -243,7 +243,18 @@ def test_python_functions_that_make_tensors_on_their_inputs_device():
         weighted = nn.EmbeddingBag(10, 3, mode="sum").to(device)(torch.tensor([[1, 2], [3, 4]], device=device),
                                                                  per_sample_weights=sample_weights)
         coordinates = torch.unravel_index(torch.tensor([5, 11], device=device), (3, 4))
-        return [out.detach().cpu(), bag.weight.grad.cpu(), weighted.detach().cpu()] + [c.cpu() for c in coordinates]
+        attention = nn.MultiheadAttention(8, 2, add_zero_attn=True, add_bias_kv=True).to(device)
+        x = torch.randn(5, 3, 8, device=device, requires_grad=True)
+        attended, weights = attention(x, x, x)
+        attended.sum().backward()
+        image = torch.randn(2, 3, 9, 9, device=device, requires_grad=True)
+        pooled, where = nn.functional.fractional_max_pool2d(image, 2, output_ratio=(0.5, 0.5), return_indices=True)
+        pooled.sum().backward()
+        _, singular_values, _ = torch.svd_lowrank(torch.randn(30, 12, device=device), q=4, niter=2)
+        made = [out.detach(), bag.weight.grad, weighted.detach(), *coordinates, attended.detach(), weights.detach(),
+                x.grad, attention.in_proj_weight.grad, pooled.detach(), where, image.grad, singular_values]
+        assert {t.device.type for t in made} == {torch.device(device).type}
+        return [t.cpu() for t in made]
     want = run("cpu")
     with course.emulate(gpus=1):
         got = run("cuda")

@@ -1,57 +1,92 @@
 """PyTorch functions written in Python that make a tensor on their input's device partway through.
 
-Such a function runs its body with torch-function handling switched off (the protocol that lets the emulator see
-the call at all), so a `torch.arange(..., device=input.device)` inside it reaches a CPU build's C++ and is refused.
-For the common ones, the tensor is made here, on the emulated GPU (`new_tensor`, which the emulator sees as a method of
-the input), and the rest is PyTorch's own code:
+Such a function first checks for torch-function handling (the protocol that lets the emulator see the call at
+all) and hands itself over; the emulator's handler then runs with its own mode switched off, as PyTorch's
+protocol has it, so a `torch.zeros(..., device=k.device)` in the body would reach a CPU build's C++ and be
+refused (`nn.MultiheadAttention(add_zero_attn=True)`, `F.fractional_max_pool2d` without samples,
+`torch.svd_lowrank`, `F.embedding_bag` with a 2-D input, `torch.unravel_index`).
 
-- `F.embedding_bag` with a 2-D input (fixed-length bags, the text-classification idiom) makes its offsets;
-- `torch.unravel_index` makes its strides and sizes.
-
-Others (`nn.MultiheadAttention(add_zero_attn=True)`, `F.fractional_max_pool2d` without samples) still raise an
-error that names them.
+For those functions the handler runs a copy of PyTorch's own function whose check answers "nothing to hand
+over", with the emulator's mode back on: the body runs op by op as if the learner had written it, so its tensors
+are made on the emulated GPU. Which functions need it is read from their code at import: those that read a
+`.device` in their body or in a module-level helper they call.
 """
 from __future__ import annotations
 
-import inspect
-import itertools
-import operator
+import types
 
 import torch
-import torch.nn.functional as F
+import torch._lowrank
+import torch.functional
+import torch.nn.functional
 
-from course.cuda.devices import CPU, EmulatedTensor
-
-_embedding_bag = F.embedding_bag
-_EMBEDDING_BAG = inspect.signature(_embedding_bag)
-_unravel_index = torch.unravel_index
-
-
-def _on_gpu(tensor) -> bool:
-    return isinstance(tensor, EmulatedTensor) and tensor._device_index != CPU
+_MODULES = (torch.nn.functional, torch.functional, torch._lowrank)
+_CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
 
 
-def embedding_bag(*args, **kwargs):
-    """`F.embedding_bag`: a 2-D input on a GPU becomes bags of its rows, the offsets made on that GPU."""
-    call = _EMBEDDING_BAG.bind(*args, **kwargs)
-    bags = call.arguments["input"]
-    if _on_gpu(bags) and bags.dim() == 2 and call.arguments.get("offsets") is None:
-        call.arguments["offsets"] = bags.new_tensor(range(0, bags.numel(), bags.size(1)))
-        call.arguments["input"] = bags.reshape(-1)
-        weights = call.arguments.get("per_sample_weights")
-        if weights is not None:
-            call.arguments["per_sample_weights"] = weights.reshape(-1)
-        return _embedding_bag(*call.args, **call.kwargs)
-    with torch._C.DisableTorchFunctionSubclass():
-        return _embedding_bag(*args, **kwargs)
+def _names(code: types.CodeType) -> set[str]:
+    """The global and attribute names a function's code (nested functions included) refers to."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names(constant)
+    return names
 
 
-def unravel_index(indices, shape):
-    """`torch.unravel_index`: coordinates of flat indices, computed on the indices' GPU as PyTorch computes them."""
-    if not _on_gpu(indices) or isinstance(shape, (int, torch.SymInt)) or indices.is_floating_point():
-        with torch._C.DisableTorchFunctionSubclass():
-            return _unravel_index(indices, shape)
-    shape = torch.Size(shape)
-    strides = list(reversed(list(itertools.accumulate(reversed(shape[1:] + torch.Size([1])), func=operator.mul))))
-    coordinates = indices.unsqueeze(-1).floor_divide(indices.new_tensor(strides, dtype=torch.int64))
-    return (coordinates % indices.new_tensor(shape, dtype=torch.int64)).unbind(-1)
+def _reads_a_device(function, module, seen: set) -> bool:
+    """Whether `function` or a function of its module it calls (transitively) reads a `.device`."""
+    seen.add(function)
+    names = _names(function.__code__)
+    if "device" in names:
+        return True
+    helpers = (vars(module).get(name) for name in names)
+    return any(_reads_a_device(helper, module, seen) for helper in helpers
+               if isinstance(helper, types.FunctionType) and helper.__globals__ is vars(module) and helper not in seen)
+
+
+def _no_torch_function(*_args) -> bool:
+    return False
+
+
+def _closed_over(function) -> list:
+    """The functions `function` holds in its closure (`F.fractional_max_pool2d` is a `boolean_dispatch` of two)."""
+    cells = function.__closure__ or ()
+    return [cell.cell_contents for cell in cells if isinstance(cell.cell_contents, types.FunctionType)]
+
+
+def _unchecked(function):
+    """A copy of `function` (and of the functions in its closure) whose torch-function checks answer no."""
+    globals_ = function.__globals__
+    if _CHECKS[0] in globals_:
+        globals_ = dict(globals_, **{name: _no_torch_function for name in _CHECKS})
+    closure = function.__closure__ and tuple(
+        types.CellType(_unchecked(cell.cell_contents) if isinstance(cell.cell_contents, types.FunctionType)
+                       else cell.cell_contents) for cell in function.__closure__)
+    body = types.FunctionType(function.__code__, globals_, function.__name__, function.__defaults__, closure)
+    body.__kwdefaults__ = function.__kwdefaults__
+    return body
+
+
+def _inlined(function, mode_type):
+    """`function` run with the emulator's mode on and its own torch-function checks answering no."""
+    body = _unchecked(function)
+
+    def run(*args, **kwargs):
+        with mode_type():
+            return body(*args, **kwargs)
+    return run
+
+
+def _needs_inlining(function, module) -> bool:
+    """A function of `module` that hands itself over to torch-function handling and reads a device midway, or
+    a wrapper holding such functions."""
+    if function.__globals__ is not vars(module):
+        return any(_needs_inlining(inner, module) for inner in _closed_over(function))
+    return ("handle_torch_function" in _names(function.__code__) and _reads_a_device(function, module, set()))
+
+
+def handlers(mode_type) -> dict:
+    """Handlers for the torch-function-dispatching Python functions of PyTorch that read a device midway."""
+    return {function: _inlined(function, mode_type)
+            for module in _MODULES for function in vars(module).values()
+            if isinstance(function, types.FunctionType) and _needs_inlining(function, module)}

@@ -351,10 +351,10 @@ _HANDLERS = {
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
     torch.Tensor.untyped_storage: storages.untyped_storage,
     torch.Tensor.storage: storages.typed_storage,
-    torch.nn.functional.embedding_bag: inner_factories.embedding_bag,
-    torch.unravel_index: inner_factories.unravel_index,
 }
 
+
+_HANDLERS.update(inner_factories.handlers(lambda: EmulatorMode()))
 
 # Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
 _ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors()
