@@ -90,8 +90,13 @@ def test_memory_snapshot_lists_live_blocks(emu):
     mine = [s for s in segments if s["device"] == 1 and s["requested_size"] == 1024]
     assert mine and mine[0]["total_size"] == 1024 and mine[0]["blocks"][0]["state"] == "active_allocated"
     assert torch.cuda.get_allocator_backend() == "native"
+    # empty_cache synchronizes every GPU's streams first, and the caching allocator counts it
+    syncs = [torch.cuda.memory_stats(device)["num_sync_all_streams"] for device in range(4)]
     torch.cuda.empty_cache()
     torch.cuda.memory.empty_cache()
+    assert [torch.cuda.memory_stats(device)["num_sync_all_streams"] for device in range(4)] == [n + 2 for n in syncs]
+    torch.cuda.reset_accumulated_memory_stats(1)
+    assert torch.cuda.memory_stats(1)["num_sync_all_streams"] == 0
     del x
 
 

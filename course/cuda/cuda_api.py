@@ -329,10 +329,6 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return total - memory_allocated(device), total
 
 
-def empty_cache() -> None:
-    """Nothing is cached: the emulator frees memory as soon as the last tensor using it dies."""
-
-
 def _lazy_init() -> None:
     """Where torch.cuda's own functions start; any that get here are not modelled, and are named."""
     raise not_modelled(cuda_bindings.caller_in_torch(),
@@ -468,7 +464,6 @@ PATCHES = {
     "max_memory_reserved": max_memory_allocated,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "mem_get_info": mem_get_info,
-    "empty_cache": empty_cache,
     "is_current_stream_capturing": lambda: False,
     "_lazy_init": _lazy_init,
     "CUDAGraph": CUDAGraph,

@@ -90,7 +90,7 @@ BINDINGS = {
     "_cuda_getMemoryFraction": _get_memory_fraction,
     "_cuda_memorySnapshot": _memory_snapshot,
     "_cuda_getAllocatorBackend": lambda: "native",
-    "_cuda_emptyCache": lambda: None,  # nothing is cached: memory is freed when the last tensor dies
+    "_cuda_emptyCache": lambda: current_emulator("torch.cuda.empty_cache").memory.empty_cache(),
     # the accelerator torch.distributed and FSDP2 default to (fully_shard's mesh, init_process_group's backend)
     "_get_accelerator": lambda check=False: torch.device("cuda"),
 }

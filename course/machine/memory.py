@@ -73,12 +73,12 @@ class _Pool:
 class _DeviceStats:
     """One GPU's small pool (blocks of 1 MiB or less) and large pool, and the peaks of both together."""
 
-    __slots__ = ("pools", "blocks_peak", "bytes_peak", "requested_peak", "num_ooms")
+    __slots__ = ("pools", "blocks_peak", "bytes_peak", "requested_peak", "num_ooms", "num_sync_all_streams")
 
     def __init__(self):
         self.pools = (_Pool(), _Pool())
         self.blocks_peak = self.bytes_peak = self.requested_peak = 0
-        self.num_ooms = 0
+        self.num_ooms = self.num_sync_all_streams = 0
 
     @property
     def allocated_bytes(self) -> int:
@@ -205,7 +205,14 @@ class DeviceMemory:
             for pool in stats.pools:
                 pool.blocks_allocated = pool.bytes_allocated = pool.requested_allocated = 0
                 pool.base = (pool.blocks, pool.bytes, pool.requested)
-            stats.num_ooms = 0
+            stats.num_ooms = stats.num_sync_all_streams = 0
+
+    def empty_cache(self) -> None:
+        """`torch.cuda.empty_cache()`: nothing is cached to release, but each GPU's allocator synchronizes all
+        its streams first, and counts it (`num_sync_all_streams`)."""
+        with self._lock:
+            for stats in self._stats:
+                stats.num_sync_all_streams += 1
 
     def stats(self, device: int) -> dict:
         """`torch._C._cuda_memoryStats(device)`: the nested dict `torch.cuda.memory_stats` flattens."""
@@ -218,7 +225,7 @@ class DeviceMemory:
             "num_alloc_retries": 0,  # nothing is cached, so there is never a cache to flush and retry
             "num_ooms": stats.num_ooms,
             "max_split_size": -1,  # PYTORCH_CUDA_ALLOC_CONF max_split_size_mb unset
-            "num_sync_all_streams": 0,
+            "num_sync_all_streams": stats.num_sync_all_streams,
             "num_device_alloc": blocks["all"]["allocated"],  # one cudaMalloc per block
             "num_device_free": blocks["all"]["freed"],
             "allocation": blocks, "segment": blocks, "active": blocks,
