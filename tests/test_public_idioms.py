@@ -290,3 +290,40 @@ def test_gradients_made_from_sizes_alone_are_on_the_gpu():
         got = [g.cpu() for g in got]
     for mine, theirs in zip(got, want):
         torch.testing.assert_close(mine, theirs)
+
+
+def test_in_place_ops_that_reshape_a_tensor_reshape_the_gpu_tensor():
+    """`img.unsqueeze_(0)`, `x.t_()`, `buf.resize_(n)`, `x.set_(y)` give the tensor new sizes, strides or storage: the
+    GPU tensor must show them (it kept its old shape over reshaped data), and gradients flow as on the CPU."""
+    reshapes = [lambda x: x.t_(), lambda x: x.unsqueeze_(0), lambda x: x.unsqueeze_(0).squeeze_(0),
+                lambda x: x.transpose_(0, 1), lambda x: x.swapdims_(0, 1), lambda x: x.resize_(3, 2),
+                lambda x: x.resize_(4, 4)[:1], lambda x: x.as_strided_((3,), (2,)),
+                lambda x: x.resize_as_(torch.empty(6, device=x.device)),
+                lambda x: x.set_(torch.full((5,), 7.0, device=x.device))]
+
+    def run(device):
+        torch.manual_seed(0)
+        shown = []
+        for reshape in reshapes:
+            x = torch.arange(6.0, device=device).view(2, 3).clone()
+            out = reshape(x)
+            shown.append((tuple(x.shape), x.stride(), x.storage_offset(), out.cpu()))
+        w = torch.randn(3, 4, device=device, requires_grad=True)
+        y = w * 2
+        y.unsqueeze_(0).transpose_(1, 2).squeeze_(0)
+        (y ** 2).sum().backward()
+        return shown, w.grad.cpu()
+    want_shown, want_grad = run("cpu")
+    with course.emulate(gpus=2):
+        got_shown, got_grad = run("cuda:1")
+        grown = torch.empty(0, device="cuda:1")
+        before = torch.cuda.memory_allocated(1)
+        grown.resize_(2**20)
+        assert torch.cuda.memory_allocated(1) - before == 4 * 2**20  # the bigger buffer is counted
+        storage = torch.arange(4.0, device="cuda:1").untyped_storage()
+        copy = storage.clone()
+        assert copy.device == torch.device("cuda:1") and bytes(copy.cpu()) == bytes(storage.cpu())
+    for (*metadata, values), (*want_metadata, want_values) in zip(got_shown, want_shown):
+        assert metadata == want_metadata
+        torch.testing.assert_close(values, want_values)  # resize_(4, 4)'s first row: the part PyTorch keeps
+    torch.testing.assert_close(got_grad, want_grad)

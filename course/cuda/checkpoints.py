@@ -111,6 +111,12 @@ def _tag(storage) -> str | None:
     return None if entry is None else f"cuda:{entry[1]}"
 
 
+def host_copy(storage):
+    """A host copy of a storage's bytes (PyTorch's `clone` would make it on `.device`, which a CPU build cannot):
+    what the emulator's own storage moves start from, and mark."""
+    return torch.UntypedStorage(storage.nbytes()).copy_(storage)
+
+
 def _block(storage):
     """The emulated GPU memory a (CPU) storage stands for, if any."""
     return getattr(storage, "_course_block", None)
@@ -127,7 +133,7 @@ def _to_gpu(storage, index: int, non_blocking: bool = False):
         return storage
     nbytes = storage.nbytes()
     new_block = emu.memory.allocate(index, nbytes)  # out of memory before anything is copied
-    moved = storage.clone()
+    moved = host_copy(storage)
     source, ready_ns = (CPU, 0) if block is None else (block.device, block.ready_ns)
     new_block.ready_ns = charge_copy(emu, source, index, nbytes, ready_ns, non_blocking=non_blocking)
     moved._course_block = new_block
@@ -165,7 +171,7 @@ def _storage_to(self, *, device, non_blocking=False):
     if device.type == "cpu" and block is not None:
         emu = current_emulator("copy to cpu")
         charge_copy(emu, block.device, CPU, self.nbytes(), block.ready_ns)
-        return self.clone()
+        return host_copy(self)
     return _original_storage_to(self, device=device, non_blocking=non_blocking)
 
 

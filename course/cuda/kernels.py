@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding")
+                 "special", "embedding", "restrides")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -51,7 +51,8 @@ class _OpInfo:
         # Views, metadata-only ops and uninitialised allocations launch no kernel on a real GPU (`_unsafe_view` is
         # a view whose schema does not say so: `linear` and `matmul` reshape their result with it; `empty_like`
         # only asks the caching allocator for memory).
-        self.no_kernel = (func.is_view or unsafe_view or func._overloadpacket in _ALLOCATION_ONLY
+        self.restrides = func._overloadpacket in _RESTRIDING_OPS
+        self.no_kernel = (func.is_view or unsafe_view or func._overloadpacket in _ALLOCATION_ONLY or self.restrides
                           or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
@@ -68,6 +69,11 @@ class _OpInfo:
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
                     ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided")}
+# In-place ops that give their first argument new sizes, strides or storage (`x.unsqueeze_(0)`, `x.t_()`,
+# `x.resize_(n)`, `x.set_(other)`): no kernel runs, and the tensor's own metadata must follow its data's.
+_RESTRIDING_OPS = {getattr(torch.ops.aten, name) for name in
+                   ("t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_",
+                    "resize_", "resize_as_", "set_")}
 _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
                     ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
@@ -293,6 +299,8 @@ def run_kernel(emu, func, args, kwargs):
         else:
             same = None
         if same is not None:  # in-place or out=: the same tensor comes back
+            if info.restrides:
+                _follow_new_metadata(emu, same, args, device)
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
         elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
@@ -304,6 +312,24 @@ def run_kernel(emu, func, args, kwargs):
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+def _follow_new_metadata(emu, tensor: EmulatedTensor, args, device: int) -> None:
+    """After a restriding op on `tensor`'s data: its sizes and strides become its data's, and its memory block the one
+    its data now lives in (the source's for `set_`, a bigger one when `resize_` grew it)."""
+    inner, block = tensor._inner, tensor._block
+    source = args[1] if len(args) > 1 else None
+    if isinstance(source, EmulatedTensor) and source._block is not None:  # set_(tensor)
+        block = source._block
+    elif getattr(source, "_course_shown_on", None) is not None:  # set_(gpu_tensor.untyped_storage(), ...)
+        block = source._course_shown_on
+    elif isinstance(getattr(source, "_untyped_storage", None), torch.UntypedStorage):  # set_(gpu_tensor.storage())
+        block = getattr(source._untyped_storage, "_course_shown_on", block)
+    elif inner.layout is torch.strided and _storage_nbytes(inner) > block.nbytes:  # resize_ grew it
+        block = emu.memory.allocate(device, _storage_nbytes(inner), block.ready_ns)
+    with torch._C.DisableTorchFunction():
+        torch.Tensor.data.__set__(tensor, EmulatedTensor(inner, device, block))
+    tensor._block = block
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from course.cuda.checkpoints import saving
-from course.cuda.devices import CPU, EmulatedTensor, device_name
+from course.cuda.checkpoints import host_copy, saving
+from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name
+from course.cuda.transfers import charge_copy
 
 _untyped_storage = torch.Tensor.untyped_storage
 _tensor_typed_storage = torch.Tensor._typed_storage
@@ -69,9 +70,14 @@ def _is_shared(storage) -> bool:
 
 
 def _clone(storage):
-    """A host copy of the storage's bytes (PyTorch's would be made on `.device`, which a CPU build cannot): what
-    the emulator's own storage moves start from, and mark."""
-    return torch.UntypedStorage(storage.nbytes()).copy_(storage)
+    """`storage.clone()`: a copy on the storage's device; for a GPU's, new memory there and a copy on its clock."""
+    copy = host_copy(storage)
+    block = getattr(storage, "_course_shown_on", None)
+    if block is not None and not saving():
+        emu = current_emulator("storage.clone")
+        copy._course_shown_on = emu.memory.allocate(block.device, storage.nbytes())
+        copy._course_shown_on.ready_ns = charge_copy(emu, block.device, block.device, storage.nbytes(), block.ready_ns)
+    return copy
 
 
 PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone, "is_shared": _is_shared}),
