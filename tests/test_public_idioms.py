@@ -1,4 +1,6 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -308,6 +310,14 @@ def test_in_place_ops_that_reshape_a_tensor_reshape_the_gpu_tensor():
             x = torch.arange(6.0, device=device).view(2, 3).clone()
             out = reshape(x)
             shown.append((tuple(x.shape), x.stride(), x.storage_offset(), out.cpu()))
+        resized = torch.empty(0, device=device)  # an out= tensor of the wrong shape is resized (with a warning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.add(torch.arange(6.0, device=device).view(2, 3), 1, out=resized)
+        one_pixel = torch.ones(1, 3, 1, 1, device=device).to(memory_format=torch.channels_last)
+        row = torch.ones(1, 2, device=device).t_()
+        for x in (resized, one_pixel, row):
+            shown.append((tuple(x.shape), x.stride(), x.storage_offset(), x.cpu()))
         w = torch.randn(3, 4, device=device, requires_grad=True)
         y = w * 2
         y.unsqueeze_(0).transpose_(1, 2).squeeze_(0)

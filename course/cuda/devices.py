@@ -108,11 +108,15 @@ class EmulatedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+        tensor = None
         if inner.is_contiguous() and not inner.storage_offset() and inner.layout is torch.strided:
-            # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one)
+            # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one).
+            # Contiguous is not always default: a size-1 dimension's stride may be anything (`x.t_()` of a row).
             tensor = torch.Tensor._make_wrapper_subclass(cls, inner.size(), dtype=inner.dtype, device=inner.device,
                                                          requires_grad=requires_grad)
-        else:
+            if tensor.stride() != inner.stride():
+                tensor = None
+        if tensor is None:
             tensor = torch.Tensor._make_wrapper_subclass(
                 cls,
                 inner.size(),

@@ -139,11 +139,13 @@ def _sharded_and_on(tensor, index) -> bool:
 
 
 def _in_memory_format(tensor, memory_format):
-    """`.to(memory_format=torch.channels_last)` and friends: the layout asked for, as PyTorch gives it."""
+    """`.to(memory_format=torch.channels_last)` and friends: the layout asked for, by PyTorch's own rule (a copy
+    unless the tensor's suggested format is that one already; `contiguous` would keep a (1, 3, 1, 1) tensor's
+    strides, where `to` gives it channels-last ones)."""
     if memory_format is None or memory_format is torch.preserve_format:
         return tensor
     with torch._C.DisableTorchFunctionSubclass():
-        return torch.Tensor.contiguous(tensor, memory_format=memory_format)
+        return torch.Tensor.to(tensor, memory_format=memory_format)
 
 
 def _cuda(self, device=None, non_blocking=False, memory_format=None):

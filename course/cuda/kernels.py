@@ -299,8 +299,9 @@ def run_kernel(emu, func, args, kwargs):
         else:
             same = None
         if same is not None:  # in-place or out=: the same tensor comes back
-            if info.restrides:
-                _follow_new_metadata(emu, same, args, device)
+            if info.restrides or (o.layout is torch.strided and (o.shape != same.shape or o.stride() != same.stride())):
+                # the op restrided its tensor, or resized an out= tensor of the wrong shape
+                _follow_new_metadata(emu, same, args if info.restrides else (), device)
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
         elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
