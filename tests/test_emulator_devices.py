@@ -3,6 +3,7 @@ import copy
 import io
 import threading
 
+import numpy
 import pytest
 import torch
 import torch.nn as nn
@@ -189,7 +190,10 @@ def test_invalid_device_ordinal(emu):
 def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
     with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()"):
         torch.ones(2, device="cuda:0").numpy()
+    with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):  # np.asarray, plt.plot
+        numpy.asarray(torch.ones(2, device="cuda:0"))
     assert torch.ones(2, device="cuda:0").cpu().numpy().tolist() == [1.0, 1.0]
+    assert numpy.asarray(torch.ones(2, device="cuda:0").cpu(), dtype=numpy.float64).dtype == numpy.float64
     assert torch.ones(2, device="cuda:0").tolist() == [1.0, 1.0]
 
 

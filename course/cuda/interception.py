@@ -188,6 +188,12 @@ def _numpy(self, force=False):
         return torch.Tensor.numpy(tensor, force=force)
 
 
+def _array(self, dtype=None):
+    """`numpy.asarray(tensor)`: `Tensor.__array__` calls `numpy()`, the checks above included."""
+    array = _numpy(self)
+    return array if dtype is None else array.astype(dtype, copy=False)
+
+
 def _tolist(self):
     if not isinstance(self, EmulatedTensor):
         with torch._C.DisableTorchFunctionSubclass():
@@ -337,6 +343,7 @@ _HANDLERS = {
     torch.Tensor.is_pinned: _is_pinned,
     torch.Tensor.numpy: _numpy,
     torch.Tensor.tolist: _tolist,
+    torch.Tensor.__array__: _array,
     torch.Tensor.new_tensor: _new_tensor,
     torch.Tensor.new: _new,
     torch.Tensor.data_ptr: _data_ptr,
