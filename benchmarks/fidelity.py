@@ -421,6 +421,14 @@ NCCL_1264 = ("https://github.com/NVIDIA/nccl/issues/1264 (first post: HGX H100 S
              "'Unidirectional P2P=Disabled Bandwidth Matrix', GPU0 -> GPU1)")
 NCCL_TESTS_100 = ("https://github.com/NVIDIA/nccl-tests/issues/100 (ShrimpLau, 2021-12-16: HGX A100-SXM-80GB, "
                   "NVSwitch, p2pBandwidthLatencyTest 'Bidirectional P2P=Enabled Bandwidth Matrix')")
+AZURE_H100 = ("https://github.com/samuel-bohman/AI-benchmarking-guide/blob/main/Azure_Results/ND_H100_v5_results.md "
+              "(a fork of Azure/AI-benchmarking-guide: ND H100 v5, 8x H100 80GB HBM3, NCCL 2.18.5, CUDA 12.6)")
+AZURE_H100_NCCL = AZURE_H100 + " (NCCL table: all_reduce_perf in-place busbw, NVLS, 8 GPUs)"
+CUDA_DEMO_T4 = ("https://github.com/router-gao/cuda-demo/blob/main/cuda-samples/02-cuda-bandwidth.md ('T4 bandwidth "
+                "output': bandwidthTest quick mode, pinned, 32,000,000 bytes, Tesla T4 on PCIe 3 x16)")
+NCCL_814 = ("https://github.com/NVIDIA/nccl/issues/814 (first post, 'Without --sm_copy': six GPUs with ~920 GB/s "
+            "device copies, p2pBandwidthLatencyTest P2P=Disabled matrices; staged rates of 22 GB/s exceed PCIe 3 x16, "
+            "so the host links are taken as PCIe 4 x16)")
 RN50_DLE_INFERENCE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
                       "resnet50v1.5 (README 'Inference performance results', pytorch-21.03, batch 256, "
                       "Throughput Avg)")
@@ -523,6 +531,12 @@ def _rows() -> list[Row]:
         Row(host, "H2D pinned while a D2H runs on the same GPU (nvbandwidth host_to_device_bidirectional_memcpy_ce)",
             "PCIe 4 x16 (A100-SXM4-80GB)", 11.0, "GB/s", NVBANDWIDTH_53,
             lambda: host_to_device_while_device_to_host_gbps("pcie4", 2**29, gpu="A100-80GB"), added_later=True),
+        Row(host, "H2D pinned (nvbandwidth CE)", "PCIe 5 x16 (ND H100 v5)", 51.0, "GB/s", AZURE_H100,
+            lambda: host_to_device_gbps("pcie5", 2**29, pinned=True), added_later=True),
+        Row(host, "H2D pinned, 32 MB (bandwidthTest)", "PCIe 3 x16 (Tesla T4, cloud VM)", 9.7, "GB/s", CUDA_DEMO_T4,
+            lambda: host_to_device_gbps("pcie3", 32_000_000, pinned=True), added_later=True),
+        Row(host, "D2H pinned, 32 MB (bandwidthTest)", "PCIe 3 x16 (Tesla T4, cloud VM)", 11.1, "GB/s", CUDA_DEMO_T4,
+            lambda: device_to_host_gbps("pcie3", 32_000_000), added_later=True),
         # ---- GPU to GPU copies (GB/s) ----
         Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2)", "HGX H100 SXM, NVLink 4",
             376.65, "GB/s", "https://github.com/NVIDIA/nccl/issues/1264 (first post, P2P=Enabled Writes matrix)",
@@ -562,6 +576,15 @@ def _rows() -> list[Row]:
         Row(peer, "P2P bidirectional GPU3<->GPU4 over NVSwitch (p2pBandwidthLatencyTest; ours: DGX-A100)",
             "HGX A100-SXM-80GB", 424.52, "GB/s", NCCL_TESTS_100,
             lambda: bidirectional_peer_gbps(3, 4, 40_000_000 * 4, machine="DGX-A100"), added_later=True),
+        Row(peer, "P2P=Disabled unidirectional GPU0->GPU2, staged through host memory (p2pBandwidthLatencyTest; "
+            "ours: 8 GPUs on PCIe 4 without peer access)", "6 GPUs on PCIe 4 (nccl#814)", 22.16, "GB/s", NCCL_814,
+            lambda: machine_peer_copy_gbps(machine_without_p2p("RTX4090", "pcie4", "pcie4"), 0, 2, 40_000_000 * 4),
+            fitted_later=True),
+        Row(peer, "P2P=Disabled bidirectional GPU0<->GPU2 through host memory (p2pBandwidthLatencyTest; ours: 8 GPUs "
+            "on PCIe 4 without peer access)", "6 GPUs on PCIe 4 (nccl#814)", 30.53, "GB/s", NCCL_814,
+            lambda: bidirectional_peer_gbps(0, 2, 40_000_000 * 4,
+                                            machine=machine_without_p2p("RTX4090", "pcie4", "pcie4")),
+            added_later=True),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",
@@ -620,6 +643,12 @@ def _rows() -> list[Row]:
         Row(ar, "all-reduce time, 8 GPUs, 8 B (ours: RTX 4090 preset; at 8 B the GPU does no work)",
             "8x RTX 3090, PCIe 4", 54.18, "us", NCCL_1439, lambda: allreduce_us("RTX4090", "pcie4", 8, 8),
             added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 8 KiB, NVLS", "8x H100 SXM, NVLink 4", 0.53, "GB/s", AZURE_H100_NCCL,
+            lambda: allreduce_busbw_gbps("H100", "nvlink4", 8, 2**13), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 256 KiB, NVLS", "8x H100 SXM, NVLink 4", 10.86, "GB/s", AZURE_H100_NCCL,
+            lambda: allreduce_busbw_gbps("H100", "nvlink4", 8, 2**18), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 4 MiB, NVLS", "8x H100 SXM, NVLink 4", 128.73, "GB/s", AZURE_H100_NCCL,
+            lambda: allreduce_busbw_gbps("H100", "nvlink4", 8, 2**22), added_later=True),
         # ---- NCCL all-gather (busbw GB/s) ----
         Row(ag, "all-gather busbw, 8 GPUs, 16 GiB (\"saturated at ~360 GB/s\")", "8x H100, NVLink 4", 360,
             "GB/s", "https://github.com/NVIDIA/nccl-tests/issues/326 (all_gather_perf -b 128M -e 16384M -g 8; "
