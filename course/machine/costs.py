@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
-                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
+                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, STAGED_COPY_STALL_NS_PER_BYTE, GPU, Link, Machine)
 
 aten = torch.ops.aten
 
@@ -156,7 +156,8 @@ def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: i
     A switch (`every_pair_direct`) gives the pair the whole link; k NVLink bricks carry k x NVLINK2_BRICK_GBPS. A
     copy over NVLink runs on the copy engines at NVLINK_P2P_COPY_EFFICIENCY, not at the efficiency NCCL's
     all-reduce reaches (the link's); over PCIe, the link's efficiency is already that of a copy. A pair with neither
-    goes through host memory, down one PCIe link and up another (pipelined: the host link's rate, twice its latency).
+    goes through host memory, up one PCIe link and down another, in chunks the host hands from one GPU to the other:
+    the host link's rate, twice its latency, and STAGED_COPY_STALL_NS_PER_BYTE for the handoffs.
     """
     if machine.every_pair_direct:
         if not link.key.startswith("nvlink"):
@@ -164,7 +165,8 @@ def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: i
         return math.ceil(link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * NVLINK_P2P_COPY_EFFICIENCY))
     bricks = machine.bricks_between(src, dst)
     if bricks == 0:
-        return copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)
+        return (copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)
+                + math.ceil(nbytes * STAGED_COPY_STALL_NS_PER_BYTE))
     return math.ceil(link.latency_us * 1000 + nbytes / (bricks * NVLINK2_BRICK_GBPS * NVLINK_P2P_COPY_EFFICIENCY))
 
 

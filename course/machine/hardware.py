@@ -318,6 +318,17 @@ NVLINK_P2P_COPY_EFFICIENCY = 47.88 / 50.0
 # (https://github.com/NVIDIA/nvbandwidth/issues/11).
 PCIE_READ_UNDER_WRITE = 12.5 / 25.8
 
+# A peer copy between GPUs that cannot reach each other's memory (no peer access) is staged through host memory:
+# the driver moves it in chunks through a pinned staging buffer, the source GPU's copy engine writing each chunk
+# down to host memory and the destination's reading it back, and the host hands every chunk from one copy engine to
+# the other (such copies are host-driven, not asynchronous: the Nsight trace in
+# https://forums.developer.nvidia.com/t/queueing-device-to-device-peer-memcpy-stalls-concurrent-copy-operations/295894).
+# The two legs overlap across chunks, so the host link's rate sets the pace, but each handoff is a stall that
+# overlaps nothing: a fixed cost per chunk, hence per byte, whatever the link's speed. Fitted on the calibration
+# row "P2P=Disabled unidirectional GPU0->GPU2" of benchmarks/fidelity.py (https://github.com/NVIDIA/nccl/issues/814:
+# 22.16 GB/s through PCIe 4 where a pinned host copy reaches ~25.8): 6.32 ns per KB.
+STAGED_COPY_STALL_NS_PER_BYTE = 6.32e-3
+
 
 @dataclass(frozen=True)
 class Machine:
