@@ -9,7 +9,7 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
+from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_STREAM_EFFICIENCY, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, STAGED_COPY_STALL_NS_PER_BYTE, GPU, Link, Machine)
 
 aten = torch.ops.aten
@@ -138,6 +138,8 @@ def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor
             flops_per_s *= gemm_shape_efficiency(gpu, *gemm)
     compute_s = flops / flops_per_s
     memory_s = bytes_moved / bandwidth
+    if tensor_cores and gemm is not None and min(gemm[1], gemm[2]) >= GEMM_SKINNY_BELOW:
+        memory_s /= GEMM_TILE_STREAM_EFFICIENCY  # tiles stream their operands slower than a copy
     return math.ceil(gpu.kernel_min_us * 1000 + (max(compute_s, memory_s) + transpose_s) * 1e9)
 
 
