@@ -55,6 +55,16 @@ def matmul_tflops(gpu: str, m: int, n: int, k: int, dtype=torch.bfloat16, allow_
     return 2 * m * n * k / (ms / 1e3) / 1e12
 
 
+def gemm_over_gemv_bandwidth(gpu: str, m: int, k: int, n: int, dtype=torch.float16, reps=10) -> float:
+    """Effective bandwidth of an (m x k) @ (k x n) matmul over that of the same matmul with m = 1: both read the same
+    k x n weight, so it is the time at m = 1 over the time at m (pytorch#195716's 'rel. M=1' column)."""
+    with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True):
+        weight = torch.empty(k, n, device="cuda:0", dtype=dtype)
+        one, many = (torch.empty(rows, k, device="cuda:0", dtype=dtype) for rows in (1, m))
+        return (_timed_ms(lambda: [one @ weight for _ in range(reps)])
+                / _timed_ms(lambda: [many @ weight for _ in range(reps)]))
+
+
 def device_copy_tbps(gpu: str, nbytes: int) -> float:
     """TB/s of `src.clone()` within one GPU, counting bytes read + written (as bandwidthTest does)."""
     with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True):
@@ -429,6 +439,8 @@ CUDA_DEMO_T4 = ("https://github.com/router-gao/cuda-demo/blob/main/cuda-samples/
 NCCL_814 = ("https://github.com/NVIDIA/nccl/issues/814 (first post, 'Without --sm_copy': six GPUs with ~920 GB/s "
             "device copies, p2pBandwidthLatencyTest P2P=Disabled matrices; staged rates of 22 GB/s exceed PCIe 3 x16, "
             "so the host links are taken as PCIe 4 x16)")
+PYTORCH_195716 = ("https://github.com/pytorch/pytorch/issues/195716 (first post: fp16 [M,896] @ [896,4864] on a "
+                  "Tesla T4, effective bandwidth at M = 8 is 0.83x that at M = 1: 88.5 vs 106.7 GiB/s)")
 RN50_DLE_INFERENCE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
                       "resnet50v1.5 (README 'Inference performance results', pytorch-21.03, batch 256, "
                       "Throughput Avg)")
@@ -478,6 +490,8 @@ def _rows() -> list[Row]:
             lambda: matmul_tflops("RTX4090", 2048, 2048, 2048, f16)),
         Row(gemm, "fp16 matmul 8192^3 (torch)", "RTX 4090", 158.596, "TFLOP/s", MLI_4090,
             lambda: matmul_tflops("RTX4090", 8192, 8192, 8192, f16)),
+        Row(gemm, "fp16 [8, 896] @ [896, 4864] bandwidth over the same at M = 1 (tensor-core GEMM vs GEMV)", "Tesla T4",
+            0.83, "x", PYTORCH_195716, lambda: gemm_over_gemv_bandwidth("T4", 8, 896, 4864), fitted_later=True),
         # ---- copies within one GPU (TB/s, bytes read + written) ----
         Row(dev, "device-to-device copy", "H100 SXM", 3.0, "TB/s", WORKPLACE,
             lambda: device_copy_tbps("H100", 2**30), fitted_before=True),

@@ -138,7 +138,7 @@ def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor
             flops_per_s *= gemm_shape_efficiency(gpu, *gemm)
     compute_s = flops / flops_per_s
     memory_s = bytes_moved / bandwidth
-    if tensor_cores and gemm is not None and min(gemm[1], gemm[2]) >= GEMM_SKINNY_BELOW:
+    if tensor_cores and gemm is not None and min(gemm[1], gemm[2]) > 1:
         memory_s /= GEMM_TILE_STREAM_EFFICIENCY  # tiles stream their operands slower than a copy
     return math.ceil(gpu.kernel_min_us * 1000 + (max(compute_s, memory_s) + transpose_s) * 1e9)
 
