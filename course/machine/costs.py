@@ -121,9 +121,10 @@ def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor
 
     time = kernel_min_us + max(flops / (peak * matmul_efficiency * shape), bytes / (bandwidth * memory_efficiency)),
     with matmul_efficiency only for tensor-core ops, and shape = gemm_shape_efficiency(...) when the op's
-    GEMM shape (batch, m, n, k) is given (1 otherwise). A convolution (`conv`) that runs on tensor cores
-    reaches CONV_TENSOR_CORE_EFFICIENCY of that rate, and on channels-first tensors (not `channels_last`) pays
-    the transposes to NHWC and back on top: they are separate passes, so their time adds.
+    GEMM shape (batch, m, n, k) is given (1 otherwise); such a GEMM with at least two rows and columns moves its
+    bytes at GEMM_TILE_STREAM_EFFICIENCY of the bandwidth (a GEMV keeps all of it). A convolution (`conv`) that
+    runs on tensor cores reaches CONV_TENSOR_CORE_EFFICIENCY of that rate, and on channels-first tensors (not
+    `channels_last`) pays the transposes to NHWC and back on top: they are separate passes, so their time adds.
     """
     flops_per_s = peak_flops_per_s(gpu, dtype, tensor_cores, allow_tf32)
     bandwidth = gpu.memory_bandwidth_gbps * 1e9 * gpu.memory_efficiency

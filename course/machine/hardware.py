@@ -331,7 +331,7 @@ PCIE_READ_UNDER_WRITE = 12.5 / 25.8
 
 # A peer copy between GPUs that cannot reach each other's memory (no peer access) is staged through host memory:
 # the driver moves it in chunks through a pinned staging buffer, the source GPU's copy engine writing each chunk
-# down to host memory and the destination's reading it back, and the host hands every chunk from one copy engine to
+# up to host memory and the destination's reading it back down, and the host hands every chunk from one copy engine to
 # the other (such copies are host-driven, not asynchronous: the Nsight trace in
 # https://forums.developer.nvidia.com/t/queueing-device-to-device-peer-memcpy-stalls-concurrent-copy-operations/295894).
 # The two legs overlap across chunks, so the host link's rate sets the pace, but each handoff is a stall that
