@@ -594,6 +594,8 @@ def _rows() -> list[Row]:
             "ours: 8 GPUs on PCIe 4 without peer access)", "6 GPUs on PCIe 4 (nccl#814)", 22.16, "GB/s", NCCL_814,
             lambda: machine_peer_copy_gbps(machine_without_p2p("RTX4090", "pcie4", "pcie4"), 0, 2, 40_000_000 * 4),
             fitted_later=True),
+        # Added before STAGED_COPY_STALL_NS_PER_BYTE existed, from the post whose unidirectional figure (the row above)
+        # that constant was then fitted on: same machine, so not independent of it.
         Row(peer, "P2P=Disabled bidirectional GPU0<->GPU2 through host memory (p2pBandwidthLatencyTest; ours: 8 GPUs "
             "on PCIe 4 without peer access)", "6 GPUs on PCIe 4 (nccl#814)", 30.53, "GB/s", NCCL_814,
             lambda: bidirectional_peer_gbps(0, 2, 40_000_000 * 4,
