@@ -55,6 +55,16 @@ def matmul_tflops(gpu: str, m: int, n: int, k: int, dtype=torch.bfloat16, allow_
     return 2 * m * n * k / (ms / 1e3) / 1e12
 
 
+def gemm_over_gemv_bandwidth(gpu: str, m: int, k: int, n: int, dtype=torch.float16, reps=10) -> float:
+    """Effective bandwidth of an (m x k) @ (k x n) matmul over that of the same matmul with m = 1: both read the same
+    k x n weight, so it is the time at m = 1 over the time at m (pytorch#195716's 'rel. M=1' column)."""
+    with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True):
+        weight = torch.empty(k, n, device="cuda:0", dtype=dtype)
+        one, many = (torch.empty(rows, k, device="cuda:0", dtype=dtype) for rows in (1, m))
+        return (_timed_ms(lambda: [one @ weight for _ in range(reps)])
+                / _timed_ms(lambda: [many @ weight for _ in range(reps)]))
+
+
 def device_copy_tbps(gpu: str, nbytes: int) -> float:
     """TB/s of `src.clone()` within one GPU, counting bytes read + written (as bandwidthTest does)."""
     with course.emulate(gpus=1, gpu=gpu, materialize=False, force=True):
@@ -421,6 +431,16 @@ NCCL_1264 = ("https://github.com/NVIDIA/nccl/issues/1264 (first post: HGX H100 S
              "'Unidirectional P2P=Disabled Bandwidth Matrix', GPU0 -> GPU1)")
 NCCL_TESTS_100 = ("https://github.com/NVIDIA/nccl-tests/issues/100 (ShrimpLau, 2021-12-16: HGX A100-SXM-80GB, "
                   "NVSwitch, p2pBandwidthLatencyTest 'Bidirectional P2P=Enabled Bandwidth Matrix')")
+AZURE_H100 = ("https://github.com/samuel-bohman/AI-benchmarking-guide/blob/main/Azure_Results/ND_H100_v5_results.md "
+              "(a fork of Azure/AI-benchmarking-guide: ND H100 v5, 8x H100 80GB HBM3, NCCL 2.18.5, CUDA 12.6)")
+AZURE_H100_NCCL = AZURE_H100 + " (NCCL table: all_reduce_perf in-place busbw, NVLS, 8 GPUs)"
+CUDA_DEMO_T4 = ("https://github.com/router-gao/cuda-demo/blob/main/cuda-samples/02-cuda-bandwidth.md ('T4 bandwidth "
+                "output': bandwidthTest quick mode, pinned, 32,000,000 bytes, Tesla T4 on PCIe 3 x16)")
+NCCL_814 = ("https://github.com/NVIDIA/nccl/issues/814 (first post, 'Without --sm_copy': six GPUs with ~920 GB/s "
+            "device copies, p2pBandwidthLatencyTest P2P=Disabled matrices; staged rates of 22 GB/s exceed PCIe 3 x16, "
+            "so the host links are taken as PCIe 4 x16)")
+PYTORCH_195716 = ("https://github.com/pytorch/pytorch/issues/195716 (first post: fp16 [M,896] @ [896,4864] on a "
+                  "Tesla T4, effective bandwidth at M = 8 is 0.83x that at M = 1: 88.5 vs 106.7 GiB/s)")
 RN50_DLE_INFERENCE = ("https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/"
                       "resnet50v1.5 (README 'Inference performance results', pytorch-21.03, batch 256, "
                       "Throughput Avg)")
@@ -470,6 +490,8 @@ def _rows() -> list[Row]:
             lambda: matmul_tflops("RTX4090", 2048, 2048, 2048, f16)),
         Row(gemm, "fp16 matmul 8192^3 (torch)", "RTX 4090", 158.596, "TFLOP/s", MLI_4090,
             lambda: matmul_tflops("RTX4090", 8192, 8192, 8192, f16)),
+        Row(gemm, "fp16 [8, 896] @ [896, 4864] bandwidth over the same at M = 1 (tensor-core GEMM vs GEMV)", "Tesla T4",
+            0.83, "x", PYTORCH_195716, lambda: gemm_over_gemv_bandwidth("T4", 8, 896, 4864), fitted_later=True),
         # ---- copies within one GPU (TB/s, bytes read + written) ----
         Row(dev, "device-to-device copy", "H100 SXM", 3.0, "TB/s", WORKPLACE,
             lambda: device_copy_tbps("H100", 2**30), fitted_before=True),
@@ -523,6 +545,12 @@ def _rows() -> list[Row]:
         Row(host, "H2D pinned while a D2H runs on the same GPU (nvbandwidth host_to_device_bidirectional_memcpy_ce)",
             "PCIe 4 x16 (A100-SXM4-80GB)", 11.0, "GB/s", NVBANDWIDTH_53,
             lambda: host_to_device_while_device_to_host_gbps("pcie4", 2**29, gpu="A100-80GB"), added_later=True),
+        Row(host, "H2D pinned (nvbandwidth CE)", "PCIe 5 x16 (ND H100 v5)", 51.0, "GB/s", AZURE_H100,
+            lambda: host_to_device_gbps("pcie5", 2**29, pinned=True), added_later=True),
+        Row(host, "H2D pinned, 32 MB (bandwidthTest)", "PCIe 3 x16 (Tesla T4, cloud VM)", 9.7, "GB/s", CUDA_DEMO_T4,
+            lambda: host_to_device_gbps("pcie3", 32_000_000, pinned=True), added_later=True),
+        Row(host, "D2H pinned, 32 MB (bandwidthTest)", "PCIe 3 x16 (Tesla T4, cloud VM)", 11.1, "GB/s", CUDA_DEMO_T4,
+            lambda: device_to_host_gbps("pcie3", 32_000_000), added_later=True),
         # ---- GPU to GPU copies (GB/s) ----
         Row(peer, "P2P write, unidirectional (p2pBandwidthLatencyTest, GPU0->GPU2)", "HGX H100 SXM, NVLink 4",
             376.65, "GB/s", "https://github.com/NVIDIA/nccl/issues/1264 (first post, P2P=Enabled Writes matrix)",
@@ -562,6 +590,17 @@ def _rows() -> list[Row]:
         Row(peer, "P2P bidirectional GPU3<->GPU4 over NVSwitch (p2pBandwidthLatencyTest; ours: DGX-A100)",
             "HGX A100-SXM-80GB", 424.52, "GB/s", NCCL_TESTS_100,
             lambda: bidirectional_peer_gbps(3, 4, 40_000_000 * 4, machine="DGX-A100"), added_later=True),
+        Row(peer, "P2P=Disabled unidirectional GPU0->GPU2, staged through host memory (p2pBandwidthLatencyTest; "
+            "ours: 8 GPUs on PCIe 4 without peer access)", "6 GPUs on PCIe 4 (nccl#814)", 22.16, "GB/s", NCCL_814,
+            lambda: machine_peer_copy_gbps(machine_without_p2p("RTX4090", "pcie4", "pcie4"), 0, 2, 40_000_000 * 4),
+            fitted_later=True),
+        # Added before STAGED_COPY_STALL_NS_PER_BYTE existed, from the post whose unidirectional figure (the row above)
+        # that constant was then fitted on: same machine, so not independent of it.
+        Row(peer, "P2P=Disabled bidirectional GPU0<->GPU2 through host memory (p2pBandwidthLatencyTest; ours: 8 GPUs "
+            "on PCIe 4 without peer access)", "6 GPUs on PCIe 4 (nccl#814)", 30.53, "GB/s", NCCL_814,
+            lambda: bidirectional_peer_gbps(0, 2, 40_000_000 * 4,
+                                            machine=machine_without_p2p("RTX4090", "pcie4", "pcie4")),
+            added_later=True),
         # ---- NCCL all-reduce (busbw GB/s, or time) ----
         Row(ar, "ring busbw, 8 GPUs, 8 GiB (ours: all-gather, which the maintainer says shows it too)",
             "8x H100 SXM, NVLink 4", 370, "GB/s",
@@ -620,6 +659,12 @@ def _rows() -> list[Row]:
         Row(ar, "all-reduce time, 8 GPUs, 8 B (ours: RTX 4090 preset; at 8 B the GPU does no work)",
             "8x RTX 3090, PCIe 4", 54.18, "us", NCCL_1439, lambda: allreduce_us("RTX4090", "pcie4", 8, 8),
             added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 8 KiB, NVLS", "8x H100 SXM, NVLink 4", 0.53, "GB/s", AZURE_H100_NCCL,
+            lambda: allreduce_busbw_gbps("H100", "nvlink4", 8, 2**13), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 256 KiB, NVLS", "8x H100 SXM, NVLink 4", 10.86, "GB/s", AZURE_H100_NCCL,
+            lambda: allreduce_busbw_gbps("H100", "nvlink4", 8, 2**18), added_later=True),
+        Row(ar, "all-reduce busbw, 8 GPUs, 4 MiB, NVLS", "8x H100 SXM, NVLink 4", 128.73, "GB/s", AZURE_H100_NCCL,
+            lambda: allreduce_busbw_gbps("H100", "nvlink4", 8, 2**22), added_later=True),
         # ---- NCCL all-gather (busbw GB/s) ----
         Row(ag, "all-gather busbw, 8 GPUs, 16 GiB (\"saturated at ~360 GB/s\")", "8x H100, NVLink 4", 360,
             "GB/s", "https://github.com/NVIDIA/nccl-tests/issues/326 (all_gather_perf -b 128M -e 16384M -g 8; "

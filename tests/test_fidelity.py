@@ -25,28 +25,15 @@ def test_rows_are_sourced_many_and_split_by_the_fixed_rule():
     assert len({row.category for row in held_out}) >= 5  # the held-out half spans the kinds of work
 
 
-# Held-out rows known to miss issue 15's 35% target, each with why (benchmarks/fidelity.py cites them). Any other
-# held-out row beyond 35% fails the test; so does one of these getting worse than its bound.
-KNOWN_MISSES = {
-    # near the A100's ridge point, where max(compute, memory) is most optimistic (course/machine/hardware.py).
-    ("fp16 matmul 802816x192x768 (m n k, skinny, cuBLASLt)", "A100 SXM 80GB"): 36,
-    # a peer copy staged through host memory is priced at the host link's rate (53.5 GB/s on PCIe 5); measured, it
-    # reaches 37 GB/s. No calibration row of a staged unidirectional copy exists to fit what it loses on.
-    ("P2P=Disabled unidirectional GPU0->GPU1, staged through host memory (p2pBandwidthLatencyTest; ours: 8x H100 "
-     "on PCIe 5 without peer access)", "HGX H100 SXM"): 45,
-}
-
-
 def test_emulator_matches_published_measurements_it_was_not_fitted_to():
     rows = fidelity.rows()
     s = fidelity.summary(rows)
     held_out = [r for r in rows if r.half == fidelity.HELD_OUT]
-    # Median: issue 15's target for an unseen table (<= 10%); measured 5.9% over 54 held-out rows.
+    # Issue 15's targets for an unseen table: median <= 10% (measured 6.7% over 61 held-out rows) and worst <= 35%
+    # (measured 33.4%: an NVSwitch bidirectional copy between GPUs 3 and 4 of an HGX A100).
     assert s["held_out_median"] <= 10, s
-    # Worst: issue 15's target is 35%; the rows above miss it, for the reasons given there.
     for row in held_out:
-        bound = KNOWN_MISSES.get((row.what, row.hardware), 35)
-        assert abs(row.error_pct) <= bound, f"{row.what} on {row.hardware}: {row.error_pct:+.1f}% (bound {bound}%)"
+        assert abs(row.error_pct) <= 35, f"{row.what} on {row.hardware}: {row.error_pct:+.1f}%"
     # The points presets were fitted to before the split stay as good as they were.
     for row in rows:
         if row.fitted_before:

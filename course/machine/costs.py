@@ -9,8 +9,8 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
-                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, GPU, Link, Machine)
+from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_STREAM_EFFICIENCY, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
+                             NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, STAGED_COPY_STALL_NS_PER_BYTE, GPU, Link, Machine)
 
 aten = torch.ops.aten
 
@@ -121,9 +121,10 @@ def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor
 
     time = kernel_min_us + max(flops / (peak * matmul_efficiency * shape), bytes / (bandwidth * memory_efficiency)),
     with matmul_efficiency only for tensor-core ops, and shape = gemm_shape_efficiency(...) when the op's
-    GEMM shape (batch, m, n, k) is given (1 otherwise). A convolution (`conv`) that runs on tensor cores
-    reaches CONV_TENSOR_CORE_EFFICIENCY of that rate, and on channels-first tensors (not `channels_last`) pays
-    the transposes to NHWC and back on top: they are separate passes, so their time adds.
+    GEMM shape (batch, m, n, k) is given (1 otherwise); such a GEMM with at least two rows and columns moves its
+    bytes at GEMM_TILE_STREAM_EFFICIENCY of the bandwidth (a GEMV keeps all of it). A convolution (`conv`) that
+    runs on tensor cores reaches CONV_TENSOR_CORE_EFFICIENCY of that rate, and on channels-first tensors (not
+    `channels_last`) pays the transposes to NHWC and back on top: they are separate passes, so their time adds.
     """
     flops_per_s = peak_flops_per_s(gpu, dtype, tensor_cores, allow_tf32)
     bandwidth = gpu.memory_bandwidth_gbps * 1e9 * gpu.memory_efficiency
@@ -138,6 +139,8 @@ def kernel_ns(gpu: GPU, flops: int, bytes_moved: int, dtype: torch.dtype, tensor
             flops_per_s *= gemm_shape_efficiency(gpu, *gemm)
     compute_s = flops / flops_per_s
     memory_s = bytes_moved / bandwidth
+    if tensor_cores and gemm is not None and min(gemm[1], gemm[2]) > 1:
+        memory_s /= GEMM_TILE_STREAM_EFFICIENCY  # tiles stream their operands slower than a copy
     return math.ceil(gpu.kernel_min_us * 1000 + (max(compute_s, memory_s) + transpose_s) * 1e9)
 
 
@@ -156,7 +159,8 @@ def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: i
     A switch (`every_pair_direct`) gives the pair the whole link; k NVLink bricks carry k x NVLINK2_BRICK_GBPS. A
     copy over NVLink runs on the copy engines at NVLINK_P2P_COPY_EFFICIENCY, not at the efficiency NCCL's
     all-reduce reaches (the link's); over PCIe, the link's efficiency is already that of a copy. A pair with neither
-    goes through host memory, down one PCIe link and up another (pipelined: the host link's rate, twice its latency).
+    goes through host memory, up one PCIe link and down another, in chunks the host hands from one GPU to the other:
+    the host link's rate, twice its latency, and STAGED_COPY_STALL_NS_PER_BYTE for the handoffs.
     """
     if machine.every_pair_direct:
         if not link.key.startswith("nvlink"):
@@ -164,7 +168,8 @@ def peer_copy_ns(machine: Machine, link: Link, host_link: Link, src: int, dst: i
         return math.ceil(link.latency_us * 1000 + nbytes / (link.bandwidth_gbps * NVLINK_P2P_COPY_EFFICIENCY))
     bricks = machine.bricks_between(src, dst)
     if bricks == 0:
-        return copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)
+        return (copy_ns(host_link, nbytes, pinned=True) + math.ceil(host_link.latency_us * 1000)
+                + math.ceil(nbytes * STAGED_COPY_STALL_NS_PER_BYTE))
     return math.ceil(link.latency_us * 1000 + nbytes / (bricks * NVLINK2_BRICK_GBPS * NVLINK_P2P_COPY_EFFICIENCY))
 
 

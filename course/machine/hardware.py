@@ -70,7 +70,8 @@ _H100_MEMORY_EFFICIENCY = 3.0 / 3.35
 # every tile smaller than 256x128 at 0.8 of its speed, and no k overhead.
 GEMM_TILES = ((256, 128, 1.0), (128, 256, 1.0), (256, 64, 0.8), (64, 256, 0.8), (128, 128, 0.8),
               (128, 64, 0.8), (64, 128, 0.8), (64, 64, 0.8))
-# Known miss: the held-out fp16 802816x192x768 GEMM on an A100 is predicted 35% fast. It does 154 FLOP per byte
+# The held-out fp16 802816x192x768 GEMM on an A100 was predicted 35% fast at a copy's bandwidth (see
+# GEMM_TILE_STREAM_EFFICIENCY below for what moving operands through tiles costs). It does 154 FLOP per byte
 # of its minimal traffic (A read once, C written once), just under the A100's ridge point (268 TFLOP/s over
 # 1.61 TB/s = 166 FLOP/B), so compute (1.10 ms at the 256x64 tile's speed) and memory (0.96 ms) both bind and the
 # roofline's max() is most optimistic there; the measured 1.50 ms lies between their max and their sum. A soft
@@ -101,6 +102,16 @@ GEMM_SKINNY_BELOW = 64
 GEMM_SPLIT_K_MIN = 1024
 GEMM_MMA_ROWS = 16
 GEMM_SKINNY_SPEED = 0.8
+# A tensor-core GEMM streams A and B through its tiles' pipelined loads (cp.async or TMA into a few shared-memory
+# stages), which keep fewer bytes in flight than a copy or a GEMV kernel, so where it is memory-bound it reads
+# memory slower: on a T4, fp16 [M, 896] @ [896, 4864] reaches 0.83x the bandwidth of M = 1 (a cuBLAS GEMV) at M = 2,
+# 4 and 8 (https://github.com/pytorch/pytorch/issues/195716); on an H100 the best CUTLASS kernels of a streaming-only
+# skinny GEMM peak at ~2.2 TB/s where a copy reaches 3.0 ("always peaking at ~70% of memory b/w",
+# https://github.com/NVIDIA/cutlass/issues/1139). So a GEMM with at least two rows and columns moves its bytes at
+# this fraction of the copy bandwidth; a GEMV (one row or column, batch-1 decode) keeps the copy's. Fitted on the
+# calibration row "fp16 [8, 896] @ [896, 4864] bandwidth over the same at M = 1" of benchmarks/fidelity.py (the
+# T4's 0.83x, kernel minimum included); the same for every GPU (assumption: the H100 figure says 0.73).
+GEMM_TILE_STREAM_EFFICIENCY = 0.826
 
 # ---- convolutions on tensor cores (course/machine/costs.py `kernel_ns`, conv=True) ----
 # cuDNN runs a convolution as an implicit GEMM that gathers its operands from the image as it goes; with few
@@ -317,6 +328,17 @@ NVLINK_P2P_COPY_EFFICIENCY = 47.88 / 50.0
 # host_to_device_bidirectional_memcpy_ce on an A100 on PCIe 4, 12-13 GB/s against 25-26 GB/s alone
 # (https://github.com/NVIDIA/nvbandwidth/issues/11).
 PCIE_READ_UNDER_WRITE = 12.5 / 25.8
+
+# A peer copy between GPUs that cannot reach each other's memory (no peer access) is staged through host memory:
+# the driver moves it in chunks through a pinned staging buffer, the source GPU's copy engine writing each chunk
+# up to host memory and the destination's reading it back down, and the host hands every chunk from one copy engine to
+# the other (such copies are host-driven, not asynchronous: the Nsight trace in
+# https://forums.developer.nvidia.com/t/queueing-device-to-device-peer-memcpy-stalls-concurrent-copy-operations/295894).
+# The two legs overlap across chunks, so the host link's rate sets the pace, but each handoff is a stall that
+# overlaps nothing: a fixed cost per chunk, hence per byte, whatever the link's speed. Fitted on the calibration
+# row "P2P=Disabled unidirectional GPU0->GPU2" of benchmarks/fidelity.py (https://github.com/NVIDIA/nccl/issues/814:
+# 22.16 GB/s through PCIe 4 where a pinned host copy reaches ~25.8): 6.32 ns per KB.
+STAGED_COPY_STALL_NS_PER_BYTE = 6.32e-3
 
 
 @dataclass(frozen=True)

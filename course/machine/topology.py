@@ -69,10 +69,11 @@ class LinkLedger:
     One ledger per host thread: copies issued by different threads (rank threads) do not see each other's share,
     because their order is the operating system's and the clock must not depend on it. A copy already booked is
     never slowed by a later one: two GPUs copying to each other through host memory, each reading while the other
-    writes, are priced as one slowed copy and one not (p2pBandwidthLatencyTest's staged bidirectional row in
-    benchmarks/fidelity.py comes out 32% fast; slowing both, 2 x 25.8 GB/s x PCIE_READ_UNDER_WRITE, would give
-    about 25.0 GB/s for the measured 25.76). Slowing the earlier copy means re-pricing a copy the clock has already
-    placed (course/machine/clock.py), not done yet.
+    writes, are priced as one slowed copy and one not. Slowing both was measured on the two held-out staged
+    bidirectional rows of benchmarks/fidelity.py (an experiment that slowed every staged read there): 23.2 GB/s
+    against 25.76 measured on 3x RTX 4090 (-10%, from +22% today) but against 30.53 on nccl#814's PCIe 4 box (-24%,
+    from +3% today), so the published rows do not say that both slow by PCIE_READ_UNDER_WRITE; and slowing the
+    earlier copy means re-pricing a copy the clock has already placed (course/machine/clock.py). Neither is done.
     """
 
     def __init__(self):
