@@ -68,7 +68,7 @@ def _threaded_pg():
 
 
 def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str = "threaded",
-                pg_timeout_s: float | None = None):
+                pg_timeout_s: float | list[float] | None = None):
     """Run `fn(rank, world_size, *args)` in one thread per rank, on torch's "threaded" process group.
 
     Collectives are real torch.distributed calls (DistributedDataParallel works), but the threaded
@@ -77,7 +77,8 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str 
     each rank thread runs on the emulated GPUs. A rank that raises wakes the others out of their
     collectives, and its exception is raised here as RankFailed. `pg_timeout_s` (default `timeout_s`) is
     the process group's own timeout, `init_process_group(timeout=...)`: set it shorter than `timeout_s` to
-    see the error a collective raises when a peer never joins it (gloo and NCCL honour it; "threaded" does not).
+    see the error a collective raises when a peer never joins it (gloo and NCCL honour it; "threaded" does not);
+    a list gives each rank its own, so which rank gives up first does not depend on the machine's load.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be 1 or more; got {world_size}")
@@ -90,8 +91,9 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str 
 
     def rank_main(rank: int) -> None:
         try:
+            seconds = pg_timeout_s[rank] if isinstance(pg_timeout_s, (list, tuple)) else pg_timeout_s or timeout_s
             dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
-                                    timeout=datetime.timedelta(seconds=pg_timeout_s or timeout_s))
+                                    timeout=datetime.timedelta(seconds=seconds))
             results[rank] = fn(rank, world_size, *args)
         except SystemExit:  # woken out of a collective because another rank failed
             pass
