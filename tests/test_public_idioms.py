@@ -1,4 +1,6 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
+import queue
+import threading
 import warnings
 
 import pytest
@@ -337,3 +339,46 @@ def test_in_place_ops_that_reshape_a_tensor_reshape_the_gpu_tensor():
         assert metadata == want_metadata
         torch.testing.assert_close(values, want_values)  # resize_(4, 4)'s first row: the part PyTorch keeps
     torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_threads_the_program_starts_use_the_emulated_gpus():
+    """One thread per GPU, and a thread prefetching batches to the GPU through a queue: plain `threading.Thread`s,
+    whose factory calls and copies raised "Cannot access accelerator device" (the emulator's mode is per thread).
+    A new thread's current device is 0, as CUDA's is per thread; its GPU work shows on the clock."""
+    def run(device_of):
+        per_gpu = [None, None]
+
+        def matmul_on(index):
+            torch.manual_seed(index)
+            x = torch.randn(32, 32).to(device_of(index))
+            per_gpu[index] = (x @ x).sum().cpu()
+        threads = [threading.Thread(target=matmul_on, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        batches, ready = [torch.full((4, 3), float(i)) for i in range(5)], queue.Queue(maxsize=2)
+
+        def prefetch():
+            for batch in batches:
+                pinned = batch.pin_memory() if device_of(0) != "cpu" else batch  # a CPU-only build cannot pin
+                ready.put(pinned.to(device_of(0), non_blocking=True))
+            ready.put(None)
+        threading.Thread(target=prefetch, daemon=True).start()
+        sums = []
+        while (batch := ready.get()) is not None:
+            assert batch.device == torch.device(device_of(0))
+            sums.append(batch.sum().item())
+        return per_gpu, sums
+    want = run(lambda i: "cpu")
+    with course.emulate(gpus=2) as emu:
+        got = run(lambda i: f"cuda:{i}")
+        torch.cuda.set_device(1)
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(torch.cuda.current_device()))
+        thread.start()
+        thread.join()
+        assert seen == [0]
+        assert {event.device for event in emu.trace if event.kind == "kernel"} >= {"cuda:0", "cuda:1"}
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]

@@ -136,6 +136,7 @@ class Emulator:
                     {"threading": _EMULATED_THREADING})
         # So does the DataLoader's pin-memory thread (pin_memory=True with worker processes).
         self._patch(importlib.import_module("torch.utils.data.dataloader"), {"threading": _EMULATED_THREADING})
+        self._patch(threading.Thread, THREAD_PATCHES)  # and any other thread the program starts
         for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
             self._patch(target, replacements)
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
@@ -254,6 +255,41 @@ class EmulatedThread(threading.Thread):
 
 
 _EMULATED_THREADING = types.SimpleNamespace(Thread=EmulatedThread, Lock=threading.Lock, Event=threading.Event)
+
+_thread_start, _thread_bootstrap_inner, _thread_join = (threading.Thread.start, threading.Thread._bootstrap_inner,
+                                                         threading.Thread.join)
+
+
+def _start_thread(self) -> None:
+    """`Thread.start` while the emulator runs: every thread the program starts (a prefetching thread, one thread
+    per GPU) runs inside it too, on a host timeline forked from its parent's. Its current device is 0, as CUDA's
+    current device is per thread."""
+    emu = devices.active
+    if emu is not None and not isinstance(self, EmulatedThread):
+        self._course_emulator, self._course_end_ns = emu, emu.clock.host_ns
+    _thread_start(self)
+
+
+def _run_thread(self) -> None:
+    emu = getattr(self, "_course_emulator", None)
+    if emu is None or devices.active is not emu:
+        return _thread_bootstrap_inner(self)
+    emu.clock.host_ns = self._course_end_ns
+    try:
+        with EmulatorMode():
+            _thread_bootstrap_inner(self)
+    finally:
+        self._course_end_ns = emu.clock.host_ns
+
+
+def _join_thread(self, timeout=None) -> None:
+    _thread_join(self, timeout)
+    emu = getattr(self, "_course_emulator", None)
+    if emu is not None and not self.is_alive():
+        emu.clock.host_ns = max(emu.clock.host_ns, self._course_end_ns)
+
+
+THREAD_PATCHES = {"start": _start_thread, "_bootstrap_inner": _run_thread, "join": _join_thread}
 
 
 class RealGPUs:
