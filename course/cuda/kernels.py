@@ -251,6 +251,8 @@ def run_kernel(emu, func, args, kwargs):
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
     if info.cudnn and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
         out = _channels_last_like_cudnn(out, un_args)
+    if type(out) is torch.Tensor and device is not None and device != CPU and not scratch:
+        return _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kwargs, out)
     multiple = isinstance(out, (tuple, list))
     flat_out = list(out) if multiple else [out]
 
@@ -280,7 +282,13 @@ def run_kernel(emu, func, args, kwargs):
             bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         if info.overwrites_first and (isinstance(args[0], EmulatedTensor) or id(args[0]) in scratch_ids):
             bytes_read -= _tensor_nbytes(args[0])
-        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
+        nbytes, dtype = bytes_read, None
+        for o in flat_out:
+            if isinstance(o, torch.Tensor):
+                nbytes += o.numel() * o.element_size()
+                if dtype is None:
+                    dtype = o.dtype
+        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, dtype or torch.float32,
                                 inputs_ready_ns)
     wrapped = []
     for o in flat_out:
@@ -304,6 +312,35 @@ def run_kernel(emu, func, args, kwargs):
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+def _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kwargs, out):
+    """`run_kernel`'s tail for most ops: one tensor out, on a GPU, no host scratch. The same steps as the general
+    tail, without its lists and per-output tests."""
+    inputs_ready_ns = 0
+    for t in emulated:
+        block = t._block
+        if block is not None and block.ready_ns > inputs_ready_ns:
+            inputs_ready_ns = block.ready_ns
+    end_ns = inputs_ready_ns
+    if info.no_kernel:
+        emu.clock.host_advance(costs.HOST_VIEW_NS)
+    else:
+        nbytes = out.numel() * out.element_size()
+        for t in emulated:
+            nbytes += t.numel() * t.element_size()
+        if info.embedding:
+            nbytes -= _tensor_nbytes(args[0]) - _tensor_nbytes(out)
+        if info.overwrites_first and isinstance(args[0], EmulatedTensor):
+            nbytes -= _tensor_nbytes(args[0])
+        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, out.dtype, inputs_ready_ns)
+    for same in emulated:
+        if same._inner is out:  # in-place or out=: the same tensor comes back
+            same._block.ready_ns = max(same._block.ready_ns, end_ns)
+            return same
+    if info.returns_view and emulated:
+        return EmulatedTensor(out, device, emulated[0]._block)
+    return EmulatedTensor(out, device, emu.memory.allocate(device, _storage_nbytes(out), end_ns))
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:
@@ -355,19 +392,12 @@ def _flops(func, args, kwargs, out) -> int:
         return costs.op_flops(func, args, kwargs, out)
 
 
-def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
-    """Roofline cost of the op on the preset GPU, queued on the device's current stream.
+def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, inputs_ready_ns) -> int:
+    """Roofline cost of the op (`nbytes` in and out, `dtype` its first output's) on the preset GPU, queued on the
+    device's current stream.
 
     A training loop repeats the same kernels, so each distinct cost is worked out once per emulator (a GEMM's
     shape efficiency tries every tile)."""
-    nbytes, dtype = bytes_read, None
-    for o in flat_out:
-        if isinstance(o, torch.Tensor):
-            nbytes += o.numel() * o.element_size()
-            if dtype is None:
-                dtype = o.dtype
-    if dtype is None:
-        dtype = torch.float32
     if not (info.tensor_cores or info.cudnn):  # most kernels: no FLOP term, their bytes set the time
         duration = emu.kernel_ns_cache.get((nbytes, dtype))
         if duration is None:
