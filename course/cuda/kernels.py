@@ -369,27 +369,29 @@ def _crosses_devices(tensors) -> bool:
     return len(devices) > 1
 
 
-_FLOPS_BY_SHAPE: dict = {}
+_TERMS_BY_SHAPE: dict = {}
 
 
 def _shape_key(value):
     if isinstance(value, torch.Tensor):
         return value.shape
     if type(value) in (list, tuple):
-        return tuple(_shape_key(v) for v in value)
+        return tuple([_shape_key(v) for v in value])
     return value
 
 
-def _flops(func, args, kwargs, out) -> int:
-    """FLOPs depend on shapes only, and a training loop repeats the same shapes: count each once."""
-    key = (func, _shape_key(args), _shape_key(tuple(sorted(kwargs.items()))))
+def _matmul_terms(func, args, kwargs, out) -> tuple[int, tuple[int, int, int, int] | None]:
+    """FLOPs and GEMM shape of a tensor-core op. Both depend on shapes only, and a training loop repeats the same
+    shapes: work each out once."""
+    key = (func._op, _shape_key(args), _shape_key(tuple(sorted(kwargs.items()))))  # the C++ operator hashes in C
     try:
-        return _FLOPS_BY_SHAPE[key]
+        return _TERMS_BY_SHAPE[key]
     except KeyError:
-        flops = _FLOPS_BY_SHAPE[key] = costs.op_flops(func, args, kwargs, out)
-        return flops
-    except TypeError:  # an unhashable argument: count it every time
-        return costs.op_flops(func, args, kwargs, out)
+        terms = _TERMS_BY_SHAPE[key] = (costs.op_flops(func, args, kwargs, out),
+                                        costs.gemm_shape(func, args, kwargs, out))
+        return terms
+    except TypeError:  # an unhashable argument: work them out every time
+        return costs.op_flops(func, args, kwargs, out), costs.gemm_shape(func, args, kwargs, out)
 
 
 def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, inputs_ready_ns) -> int:
@@ -406,11 +408,9 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
                                 inputs_ready_ns, (), 0, nbytes)
     flops, allow_tf32, gemm = 0, False, None
     if info.tensor_cores:
-        flops = _flops(func, args, kwargs, out)
-        if dtype is torch.float32:
-            allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
-                          else torch.backends.cuda.matmul.allow_tf32)
-        gemm = costs.gemm_shape(func, args, kwargs, out)
+        flops, gemm = _matmul_terms(func, args, kwargs, out)
+        if dtype is torch.float32:  # what torch.backends.cudnn.allow_tf32 / .cuda.matmul.allow_tf32 read
+            allow_tf32 = torch._C._get_cudnn_allow_tf32() if info.cudnn else torch._C._get_cublas_allow_tf32()
     channels_last = True
     if info.cudnn:
         image = args[1] if func._overloadpacket is torch.ops.aten.convolution_backward else args[0]
