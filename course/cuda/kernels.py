@@ -291,15 +291,12 @@ def run_kernel(emu, func, args, kwargs):
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, dtype or torch.float32,
                                 inputs_ready_ns)
     wrapped = []
+    by_inner = {id(t._inner): t for t in emulated}  # one lookup per output: a foreach op has as many as inputs
     for o in flat_out:
         if not isinstance(o, torch.Tensor):
             wrapped.append(o)
             continue
-        for same in emulated:
-            if same._inner is o:
-                break
-        else:
-            same = None
+        same = by_inner.get(id(o))
         if same is not None:  # in-place or out=: the same tensor comes back
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             wrapped.append(same)
