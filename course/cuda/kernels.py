@@ -257,6 +257,8 @@ def run_kernel(emu, func, args, kwargs):
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
     if info.cudnn and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
         out = _channels_last_like_cudnn(out, un_args)
+    if type(out) is torch.Tensor and device is not None and device != CPU and not scratch:
+        return _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kwargs, out)
     multiple = isinstance(out, (tuple, list))
     flat_out = list(out) if multiple else [out]
 
@@ -286,18 +288,21 @@ def run_kernel(emu, func, args, kwargs):
             bytes_read -= _tensor_nbytes(args[0]) - sum(_tensor_nbytes(o) for o in flat_out)
         if info.overwrites_first and (isinstance(args[0], EmulatedTensor) or id(args[0]) in scratch_ids):
             bytes_read -= _tensor_nbytes(args[0])
-        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, flat_out, bytes_read,
+        nbytes, dtype = bytes_read, None
+        for o in flat_out:
+            if isinstance(o, torch.Tensor):
+                nbytes += o.numel() * o.element_size()
+                if dtype is None:
+                    dtype = o.dtype
+        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, dtype or torch.float32,
                                 inputs_ready_ns)
     wrapped = []
+    by_inner = {id(t._inner): t for t in emulated}  # one lookup per output: a foreach op has as many as inputs
     for o in flat_out:
         if not isinstance(o, torch.Tensor):
             wrapped.append(o)
             continue
-        for same in emulated:
-            if same._inner is o:
-                break
-        else:
-            same = None
+        same = by_inner.get(id(o))
         if same is not None:  # in-place or out=: the same tensor comes back
             if info.restrides or (o.layout is torch.strided and (o.shape != same.shape or o.stride() != same.stride())):
                 # the op restrided its tensor, or resized an out= tensor of the wrong shape
@@ -333,6 +338,38 @@ def _follow_new_metadata(emu, tensor: EmulatedTensor, args, device: int) -> None
     tensor._block = block
 
 
+def _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kwargs, out):
+    """`run_kernel`'s tail for most ops: one tensor out, on a GPU, no host scratch. The same steps as the general
+    tail, without its lists and per-output tests."""
+    inputs_ready_ns = 0
+    for t in emulated:
+        block = t._block
+        if block is not None and block.ready_ns > inputs_ready_ns:
+            inputs_ready_ns = block.ready_ns
+    end_ns = inputs_ready_ns
+    if info.no_kernel:
+        emu.clock.host_advance(costs.HOST_VIEW_NS)
+    else:
+        nbytes = out.numel() * out.element_size()
+        for t in emulated:
+            nbytes += t.numel() * t.element_size()
+        if info.embedding:
+            nbytes -= _tensor_nbytes(args[0]) - _tensor_nbytes(out)
+        if info.overwrites_first and isinstance(args[0], EmulatedTensor):
+            nbytes -= _tensor_nbytes(args[0])
+        end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, out.dtype, inputs_ready_ns)
+    for same in emulated:
+        if same._inner is out:  # in-place or out=: the same tensor comes back
+            if info.restrides or (out.layout is torch.strided and (out.shape != same.shape
+                                                                   or out.stride() != same.stride())):
+                _follow_new_metadata(emu, same, args if info.restrides else (), device)
+            same._block.ready_ns = max(same._block.ready_ns, end_ns)
+            return same
+    if info.returns_view and emulated:
+        return EmulatedTensor(out, device, emulated[0]._block)
+    return EmulatedTensor(out, device, emu.memory.allocate(device, _storage_nbytes(out), end_ns))
+
+
 def _storage_nbytes(tensor: torch.Tensor) -> int:
     """Bytes a new result holds: its storage, or a sparse tensor's indices and values (`nn.Embedding(sparse=True)`'s
     gradient)."""
@@ -359,42 +396,37 @@ def _crosses_devices(tensors) -> bool:
     return len(devices) > 1
 
 
-_FLOPS_BY_SHAPE: dict = {}
+_TERMS_BY_SHAPE: dict = {}
 
 
 def _shape_key(value):
     if isinstance(value, torch.Tensor):
         return value.shape
     if type(value) in (list, tuple):
-        return tuple(_shape_key(v) for v in value)
+        return tuple([_shape_key(v) for v in value])
     return value
 
 
-def _flops(func, args, kwargs, out) -> int:
-    """FLOPs depend on shapes only, and a training loop repeats the same shapes: count each once."""
-    key = (func, _shape_key(args), _shape_key(tuple(sorted(kwargs.items()))))
+def _matmul_terms(func, args, kwargs, out) -> tuple[int, tuple[int, int, int, int] | None]:
+    """FLOPs and GEMM shape of a tensor-core op. Both depend on shapes only, and a training loop repeats the same
+    shapes: work each out once."""
+    key = (func._op, _shape_key(args), _shape_key(tuple(sorted(kwargs.items()))))  # the C++ operator hashes in C
     try:
-        return _FLOPS_BY_SHAPE[key]
+        return _TERMS_BY_SHAPE[key]
     except KeyError:
-        flops = _FLOPS_BY_SHAPE[key] = costs.op_flops(func, args, kwargs, out)
-        return flops
-    except TypeError:  # an unhashable argument: count it every time
-        return costs.op_flops(func, args, kwargs, out)
+        terms = _TERMS_BY_SHAPE[key] = (costs.op_flops(func, args, kwargs, out),
+                                        costs.gemm_shape(func, args, kwargs, out))
+        return terms
+    except TypeError:  # an unhashable argument: work them out every time
+        return costs.op_flops(func, args, kwargs, out), costs.gemm_shape(func, args, kwargs, out)
 
 
-def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_read, inputs_ready_ns) -> int:
-    """Roofline cost of the op on the preset GPU, queued on the device's current stream.
+def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, inputs_ready_ns) -> int:
+    """Roofline cost of the op (`nbytes` in and out, `dtype` its first output's) on the preset GPU, queued on the
+    device's current stream.
 
     A training loop repeats the same kernels, so each distinct cost is worked out once per emulator (a GEMM's
     shape efficiency tries every tile)."""
-    nbytes, dtype = bytes_read, None
-    for o in flat_out:
-        if isinstance(o, torch.Tensor):
-            nbytes += o.numel() * o.element_size()
-            if dtype is None:
-                dtype = o.dtype
-    if dtype is None:
-        dtype = torch.float32
     if not (info.tensor_cores or info.cudnn):  # most kernels: no FLOP term, their bytes set the time
         duration = emu.kernel_ns_cache.get((nbytes, dtype))
         if duration is None:
@@ -403,11 +435,9 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, flat_out, bytes_r
                                 inputs_ready_ns, (), 0, nbytes)
     flops, allow_tf32, gemm = 0, False, None
     if info.tensor_cores:
-        flops = _flops(func, args, kwargs, out)
-        if dtype is torch.float32:
-            allow_tf32 = (torch.backends.cudnn.allow_tf32 if info.cudnn
-                          else torch.backends.cuda.matmul.allow_tf32)
-        gemm = costs.gemm_shape(func, args, kwargs, out)
+        flops, gemm = _matmul_terms(func, args, kwargs, out)
+        if dtype is torch.float32:  # what torch.backends.cudnn.allow_tf32 / .cuda.matmul.allow_tf32 read
+            allow_tf32 = torch._C._get_cudnn_allow_tf32() if info.cudnn else torch._C._get_cublas_allow_tf32()
     channels_last = True
     if info.cudnn:
         image = args[1] if func._overloadpacket is torch.ops.aten.convolution_backward else args[0]
