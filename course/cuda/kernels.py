@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding", "restrides")
+                 "special", "embedding", "restrides", "writes_in_place")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -52,6 +52,9 @@ class _OpInfo:
         # a view whose schema does not say so: `linear` and `matmul` reshape their result with it; `empty_like`
         # only asks the caching allocator for memory).
         self.restrides = func._overloadpacket in _RESTRIDING_OPS
+        # Arguments an op that returns nothing writes (`_foreach_mul_(params, ...)`): they are ready when it ends.
+        self.writes_in_place = tuple(i for i, a in enumerate(func._schema.arguments)
+                                     if not func._schema.returns and a.alias_info is not None and a.alias_info.is_write)
         self.no_kernel = (func.is_view or unsafe_view or func._overloadpacket in _ALLOCATION_ONLY or self.restrides
                           or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
@@ -296,6 +299,11 @@ def run_kernel(emu, func, args, kwargs):
                     dtype = o.dtype
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, dtype or torch.float32,
                                 inputs_ready_ns)
+    for index in info.writes_in_place:
+        written = args[index] if index < len(args) else ()
+        for t in written if isinstance(written, (list, tuple)) else (written,):
+            if isinstance(t, EmulatedTensor) and t._block is not None and t._block.ready_ns < end_ns:
+                t._block.ready_ns = end_ns
     wrapped = []
     by_inner = {id(t._inner): t for t in emulated}  # one lookup per output: a foreach op has as many as inputs
     for o in flat_out:
