@@ -279,3 +279,41 @@ def test_gradients_made_from_sizes_alone_are_on_the_gpu():
         got = [g.cpu() for g in got]
     for mine, theirs in zip(got, want):
         torch.testing.assert_close(mine, theirs)
+
+
+
+def _offloaded_step(device):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 12), nn.LayerNorm(12), nn.GELU(), nn.Linear(12, 1)).to(device)
+    x = torch.randn(5, 6).to(device)
+    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        loss = net(x).pow(2).mean()
+    loss.backward()
+    return loss.item(), [p.grad for p in net.parameters()]
+
+
+def test_save_on_cpu_with_pinned_memory_matches_cpu():
+    """Autograd packs saved tensors while the emulator handles the op that saves them, where its mode is off: the
+    hook's pinned buffer met CPU-only torch ("requires a CUDA or other accelerator backend")."""
+    expected_loss, expected = _offloaded_step("cpu")
+    with course.emulate(gpus=2):
+        loss, grads = _offloaded_step("cuda")
+        assert all(g.device == torch.device("cuda", 0) for g in grads)
+        grads = [g.cpu() for g in grads]
+    assert loss == pytest.approx(expected_loss)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
+    """A sparse COO tensor has no storage to look up pinning by: `sparse.to("cuda")` raised "Cannot access storage
+    of SparseTensorImpl"."""
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1, 1, 3], [2, 0, 2, 1]]), torch.tensor([3.0, 4.0, 5.0, -1.0]),
+                                     (4, 3))
+    dense = torch.randn(3, 2)
+    on_gpu = sparse.to("cuda")
+    assert on_gpu.is_sparse and on_gpu.device == torch.device("cuda", 0)
+    torch.testing.assert_close(torch.sparse.mm(on_gpu, dense.cuda()).cpu(), torch.sparse.mm(sparse, dense))
+    back = on_gpu.to("cuda:1").cpu()
+    assert back.is_sparse
+    torch.testing.assert_close(back.to_dense(), sparse.to_dense())
