@@ -317,3 +317,17 @@ def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
     back = on_gpu.to("cuda:1").cpu()
     assert back.is_sparse
     torch.testing.assert_close(back.to_dense(), sparse.to_dense())
+
+
+def test_kv_cache_slices_written_under_inference_mode(emu):
+    """A decode loop writes each step's keys into a slice of a cache made before `inference_mode`: the slice's
+    wrapper was an inference tensor, which autograd cannot give the cache's version counter (it raised)."""
+    cache, keys = torch.zeros(2, 6), torch.arange(4.0).view(2, 2)
+    on_gpu = cache.cuda()
+    with torch.inference_mode():
+        cache[:, 2:4] = keys
+        on_gpu[:, 2:4] = keys.cuda()
+        window = on_gpu[:, :4]
+    assert not window.is_inference() and not on_gpu.is_inference()
+    torch.testing.assert_close(on_gpu.cpu(), cache)
+    torch.testing.assert_close(window.sum().item(), cache[:, :4].sum().item())

@@ -299,11 +299,20 @@ def run_kernel(emu, func, args, kwargs):
             mark_host_scratch(o, end_ns)
             wrapped.append(o)
         elif info.returns_view and emulated:
-            wrapped.append(EmulatedTensor(o, device, emulated[0]._block))
+            wrapped.append(_view_wrapper(o, device, emulated[0]))
         else:
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+def _view_wrapper(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
+    """A view shares its base's memory. Under inference_mode a view of a normal tensor is a normal tensor (autograd
+    gives it the base's version counter, which an inference tensor cannot take), so its wrapper is made as one."""
+    if torch.is_inference_mode_enabled() and not base.is_inference():
+        with torch.inference_mode(False):
+            return EmulatedTensor(view, device, base._block)
+    return EmulatedTensor(view, device, base._block)
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:
