@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding")
+                 "special", "inplace_view", "embedding")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -62,7 +62,10 @@ class _OpInfo:
         # written with CPU ops.
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
-        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
+        # An in-place view (`squeeze_`, `t_`, `transpose_`, `as_strided_`) changes the wrapper's shape too.
+        self.inplace_view = torch.Tag.inplace_view in func.tags
+        self.special = self.inplace_view or func in (torch.ops.aten.copy_.default,
+                                                     torch.ops.aten._local_scalar_dense.default)
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
 
 
@@ -238,6 +241,8 @@ def run_kernel(emu, func, args, kwargs):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
+        if info.inplace_view and type(args[0]) is EmulatedTensor:
+            return _inplace_view(emu, info, args, kwargs, un_args, un_kwargs)
     try:
         out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:
@@ -304,6 +309,17 @@ def run_kernel(emu, func, args, kwargs):
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+def _inplace_view(emu, info, args, kwargs, un_args, un_kwargs):
+    """`x.squeeze_(0)` and the like: the inner tensor takes the new shape and strides, and so must the wrapper that
+    PyTorch sees, or it keeps the old shape over the new values (matmul's `squeeze_` of a vector-matrix product
+    gave torch.func.grad a gradient of the wrong shape). The same op on the wrapper, below the emulator, does it."""
+    info.kernel(*un_args, **un_kwargs)
+    with torch._C._DisableTorchDispatch():
+        info.kernel(*args, **kwargs)
+    emu.clock.host_advance(costs.HOST_VIEW_NS)
+    return args[0]
 
 
 def _view_wrapper(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
