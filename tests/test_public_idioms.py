@@ -1,4 +1,6 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
+import weakref
+
 import pytest
 import torch
 import torch.nn as nn
@@ -331,3 +333,19 @@ def test_kv_cache_slices_written_under_inference_mode(emu):
     assert not window.is_inference() and not on_gpu.is_inference()
     torch.testing.assert_close(on_gpu.cpu(), cache)
     torch.testing.assert_close(window.sum().item(), cache[:, :4].sum().item())
+
+
+def test_module_moves_to_a_gpu_while_a_weak_id_dictionary_holds_its_parameters(emu):
+    """torch.export (pipelining's `pipeline()`) keeps each traced parameter in a WeakIdKeyDictionary; the swap that
+    moves a parameter to an emulated GPU refused it ("has weakref associated with it"), then `param.data = ...`
+    could not move it. Any other weak reference still stops the swap, as in PyTorch."""
+    layer = nn.Linear(3, 2)
+    memo = torch.utils.weak.WeakIdKeyDictionary({layer.weight: "traced"})
+    expected = layer(torch.ones(1, 3))
+    layer.to("cuda:1")
+    assert layer.weight.device == torch.device("cuda", 1) and memo[layer.weight] == "traced"
+    torch.testing.assert_close(layer(torch.ones(1, 3, device="cuda:1")).cpu(), expected)
+    held = weakref.ref(layer.bias)
+    with pytest.raises(RuntimeError, match="weakref"):
+        torch.utils.swap_tensors(layer.bias, nn.Parameter(torch.zeros(2, device="cuda:1")))
+    assert held() is layer.bias

@@ -141,6 +141,8 @@ class Emulator:
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
         # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
+        for target, replacements in module_calls.PATCHES:
+            self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
         for target, replacements in backward_hooks.SAVED_TENSORS_PATCHES + rpc.patches():  # hooks, remote calls
