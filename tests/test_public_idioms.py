@@ -349,3 +349,27 @@ def test_module_moves_to_a_gpu_while_a_weak_id_dictionary_holds_its_parameters(e
     with pytest.raises(RuntimeError, match="weakref"):
         torch.utils.swap_tensors(layer.bias, nn.Parameter(torch.zeros(2, device="cuda:1")))
     assert held() is layer.bias
+
+
+class _ScaleWithBuffer(torch.autograd.Function):
+    """A backward that makes its gradient buffer on the gradient's device, as torch.distributed.nn's collectives do."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.empty(grad.shape, device=grad.device, dtype=grad.dtype)
+        return out.copy_(grad * 3) + torch.ones(grad.shape, device=grad.device)
+
+
+def test_custom_function_backward_makes_tensors_on_the_gradient_device(emu):
+    """The engine calls a Function's backward while the emulator's mode is off (it is handling `.backward()`): its
+    `torch.empty(..., device=grad.device)` raised "not modelled" unless FSDP2 had been imported."""
+    x = torch.arange(4.0, device="cuda:1", requires_grad=True)
+    _ScaleWithBuffer.apply(x).pow(2).sum().backward()
+    plain = torch.arange(4.0, requires_grad=True)
+    _ScaleWithBuffer.apply(plain).pow(2).sum().backward()
+    assert x.grad.device == torch.device("cuda", 1)
+    torch.testing.assert_close(x.grad.cpu(), plain.grad)

@@ -145,7 +145,7 @@ class Emulator:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
-        for target, replacements in backward_hooks.SAVED_TENSORS_PATCHES + rpc.patches():  # hooks, remote calls
+        for target, replacements in backward_hooks.PATCHES + rpc.patches():  # autograd's callbacks, remote calls
             self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
         self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})
