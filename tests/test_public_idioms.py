@@ -373,3 +373,13 @@ def test_custom_function_backward_makes_tensors_on_the_gradient_device(emu):
     _ScaleWithBuffer.apply(plain).pow(2).sum().backward()
     assert x.grad.device == torch.device("cuda", 1)
     torch.testing.assert_close(x.grad.cpu(), plain.grad)
+
+
+def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
+    """Metric code builds `torch.tensor([loss.item(), count, correct.sum()], device=...)`: only lists led by a GPU
+    tensor were read on the host first, so a number first made C++ read the emulated scalar in place and raise."""
+    scalar = torch.tensor(3.5, device="cuda:1")
+    for data, expected in [([1.0, 2.0, scalar, scalar * 2], [1.0, 2.0, 3.5, 7.0]),
+                           ([[1.0, scalar], [2.0, scalar]], [[1.0, 3.5], [2.0, 3.5]])]:
+        made = torch.tensor(data, device="cuda:1")
+        assert made.device == torch.device("cuda", 1) and made.tolist() == expected
