@@ -305,3 +305,17 @@ def test_per_sample_gradients_of_a_vector_matrix_product(emu):
     weight, xs = torch.randn(3, 2), torch.randn(4, 3)
     per_sample = torch.func.vmap(torch.func.grad(lambda w, x: (x @ w).tanh().sum()), in_dims=(None, 0))
     torch.testing.assert_close(per_sample(weight.cuda(), xs.cuda()).cpu(), per_sample(weight, xs))
+
+
+@pytest.mark.parametrize("op", [lambda a, out: torch.matmul(a, a.T, out=out), lambda a, out: torch.add(a, 1, out=out),
+                                lambda a, out: torch.sum(a, 0, out=out), lambda a, out: torch.cat([a, a], out=out),
+                                lambda a, out: torch.sort(a.flatten(), out=(out, torch.empty(0, dtype=torch.long,
+                                                                                             device=a.device)))[0]])
+def test_out_tensors_take_the_shape_the_op_resizes_them_to(emu, op):
+    """An out= tensor of another shape is resized by the op: the emulated tensor kept its old shape over the new
+    values (`torch.matmul(a, b, out=torch.empty(0))` reported shape (0,))."""
+    a = torch.arange(6.0).view(2, 3)
+    expected = op(a, torch.empty(5))
+    got = op(a.to("cuda:2"), torch.empty(5, device="cuda:2"))
+    assert (got.shape, got.stride()) == (expected.shape, expected.stride())
+    torch.testing.assert_close(got.cpu(), expected)

@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "inplace_view", "embedding")
+                 "special", "inplace_view", "out_variant", "embedding")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -64,6 +64,7 @@ class _OpInfo:
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
         # An in-place view (`squeeze_`, `t_`, `transpose_`, `as_strided_`) changes the wrapper's shape too.
         self.inplace_view = torch.Tag.inplace_view in func.tags
+        self.out_variant = any(argument.is_out for argument in func._schema.arguments)  # may resize its out=
         self.special = self.inplace_view or func in (torch.ops.aten.copy_.default,
                                                      torch.ops.aten._local_scalar_dense.default)
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
@@ -299,6 +300,8 @@ def run_kernel(emu, func, args, kwargs):
             same = None
         if same is not None:  # in-place or out=: the same tensor comes back
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
+            if info.out_variant and (same.shape != o.shape or same.stride() != o.stride()):
+                _follow_resized_out(same, o)
             wrapped.append(same)
         elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
             mark_host_scratch(o, end_ns)
@@ -320,6 +323,15 @@ def _inplace_view(emu, info, args, kwargs, un_args, un_kwargs):
         info.kernel(*args, **kwargs)
     emu.clock.host_advance(costs.HOST_VIEW_NS)
     return args[0]
+
+
+def _follow_resized_out(wrapper: EmulatedTensor, inner: torch.Tensor) -> None:
+    """An out= op resizes its out tensor to the result (`torch.matmul(a, b, out=torch.empty(0))`): the C++ kernel
+    resized the inner tensor, and the wrapper PyTorch sees must take the same shape, or it keeps the old one over
+    the new values."""
+    with torch._C._DisableTorchDispatch():
+        torch.ops.aten.resize_.default(wrapper, inner.shape)
+        torch.ops.aten.as_strided_.default(wrapper, inner.shape, inner.stride(), inner.storage_offset())
 
 
 def _view_wrapper(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
