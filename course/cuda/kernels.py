@@ -307,7 +307,11 @@ def run_kernel(emu, func, args, kwargs):
             mark_host_scratch(o, end_ns)
             wrapped.append(o)
         elif info.returns_view and emulated:
-            wrapped.append(_view_wrapper(o, device, emulated[0]))
+            base = emulated[0]
+            if _inference_mode_enabled() and not base.is_inference():
+                wrapped.append(_normal_view(o, device, base))
+            else:
+                wrapped.append(EmulatedTensor(o, device, base._block))
         else:
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
@@ -334,13 +338,14 @@ def _follow_resized_out(wrapper: EmulatedTensor, inner: torch.Tensor) -> None:
         torch.ops.aten.as_strided_.default(wrapper, inner.shape, inner.stride(), inner.storage_offset())
 
 
-def _view_wrapper(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
+_inference_mode_enabled = torch._C.is_inference_mode_enabled
+
+
+def _normal_view(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
     """A view shares its base's memory. Under inference_mode a view of a normal tensor is a normal tensor (autograd
     gives it the base's version counter, which an inference tensor cannot take), so its wrapper is made as one."""
-    if torch.is_inference_mode_enabled() and not base.is_inference():
-        with torch.inference_mode(False):
-            return EmulatedTensor(view, device, base._block)
-    return EmulatedTensor(view, device, base._block)
+    with torch.inference_mode(False):
+        return EmulatedTensor(view, device, base._block)
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:
