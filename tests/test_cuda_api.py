@@ -261,11 +261,67 @@ def test_generator_and_seeds_are_restored_after_the_emulator():
 
 
 # -- what is not modelled ------------------------------------------------------------------------------
-def test_cuda_graphs_say_they_are_not_modelled(emu):
-    with pytest.raises(RuntimeError, match="CUDA graphs.*not modelled by the GPU emulator.*run eagerly"):
-        torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
-        torch.cuda.make_graphed_callables(nn.Linear(2, 2), (torch.ones(1, 2),))
+def _graphed_training(device: str) -> tuple[list[float], torch.Tensor]:
+    """The CUDA-graphs docs' whole-network capture (warm-up on a side stream, capture forward, backward and an SGD
+    step, refill the static inputs, replay); on the CPU the same steps run eagerly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 2)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    static_x, static_y = torch.randn(4, 6, device=device), torch.randn(4, 2, device=device)
+
+    def step():
+        loss = nn.functional.mse_loss(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        step()
+    if device != "cpu":
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            assert torch.cuda.is_current_stream_capturing()
+            static_loss = step()
+            with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+                static_loss.item()
+    losses = []
+    for i in range(3):
+        data = torch.randn(4, 6, generator=torch.Generator().manual_seed(i))
+        static_x.copy_(data)
+        if device == "cpu":
+            opt.zero_grad(set_to_none=True)
+            losses.append(step().item())
+        else:
+            graph.replay()
+            losses.append(static_loss.item())
+    return losses, model[0].weight.detach().cpu()
+
+
+def test_cuda_graph_capture_and_replay_train_as_eager_cpu_steps():
+    """Capture records the kernels without running the ones that write memory (the optimizer's update happens once
+    per replay, not at capture); host reads while capturing raise CUDA's error."""
+    expected_losses, expected_weight = _graphed_training("cpu")
+    with course.emulate(gpus=2):
+        losses, weight = _graphed_training("cuda:1")
+        assert not torch.cuda.is_current_stream_capturing()
+        with pytest.raises(RuntimeError, match="make_graphed_callables is not modelled by the GPU emulator"):
+            torch.cuda.make_graphed_callables(nn.Linear(2, 2), (torch.ones(1, 2),))
+    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    torch.testing.assert_close(weight, expected_weight)
+
+
+def test_adam_without_capturable_refuses_graph_capture(emu):
+    """As on a GPU: its step count lives on the host, which a replay would not advance."""
+    model = nn.Linear(3, 1).to("cuda")
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 3, device="cuda")).sum().backward()
+    opt.step()
+    with pytest.raises(RuntimeError, match="capturable is False"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            model(torch.ones(2, 3, device="cuda")).sum().backward()
+            opt.step()
 
 
 def test_torch_compile_runs_eagerly_with_the_same_numbers(emu, monkeypatch):

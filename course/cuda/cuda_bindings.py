@@ -94,6 +94,7 @@ BINDINGS = {
     "_cuda_record_memory_history_legacy": memory_history.record_memory_history_legacy,
     "_cuda_getAllocatorBackend": lambda: "native",
     "_cuda_emptyCache": lambda: None,  # nothing is cached: memory is freed when the last tensor dies
+    "_host_emptyCache": lambda: None,  # nor is pinned host memory (torch.cuda.graph's __enter__ calls it)
     # the accelerator torch.distributed and FSDP2 default to (fully_shard's mesh, init_process_group's backend)
     "_get_accelerator": lambda check=False: torch.device("cuda"),
 }
