@@ -265,7 +265,7 @@ def _graphed_training(device: str) -> tuple[list[float], torch.Tensor]:
     """The CUDA-graphs docs' whole-network capture (warm-up on a side stream, capture forward, backward and an SGD
     step, refill the static inputs, replay); on the CPU the same steps run eagerly."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 2)).to(device)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.GELU(), nn.Linear(8, 2)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     static_x, static_y = torch.randn(4, 6, device=device), torch.randn(4, 2, device=device)
 
@@ -296,12 +296,13 @@ def _graphed_training(device: str) -> tuple[list[float], torch.Tensor]:
         else:
             graph.replay()
             losses.append(static_loss.item())
-    return losses, model[0].weight.detach().cpu()
+    return losses, torch.cat([model[0].weight.detach().flatten(), model[1].running_mean]).cpu()
 
 
 def test_cuda_graph_capture_and_replay_train_as_eager_cpu_steps():
-    """Capture records the kernels without running the ones that write memory (the optimizer's update happens once
-    per replay, not at capture); host reads while capturing raise CUDA's error."""
+    """Capture records the kernels without running the ones that write memory (the optimizer's update and batch
+    norm's running statistics happen once per replay, not at capture); host reads while capturing raise CUDA's
+    error."""
     expected_losses, expected_weight = _graphed_training("cpu")
     with course.emulate(gpus=2):
         losses, weight = _graphed_training("cuda:1")

@@ -7,7 +7,7 @@ tensors) runs at capture only. The emulator does the same one level up, with a d
 thread: each aten op that touches an emulated GPU tensor is recorded; ops that write their arguments (`add_`,
 `copy_`, out=, the optimizer's foreach updates) wait for replay; ops that make new tensors run at capture too, so
 their results exist with the right shapes and memory, and at replay run again into those same tensors. Views and
-allocations launch no kernel and are not recorded. Reading a value on the host while capturing raises CUDA's
+allocations (and in-place views, `t_`) launch no kernel and are not recorded. Reading a value on the host while capturing raises CUDA's
 error. Replay is timed as the same kernels launched one by one (a real graph saves their launch overhead).
 """
 from __future__ import annotations
@@ -32,8 +32,14 @@ def _on_gpu(tree) -> bool:
     return any(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in pytree.tree_leaves(tree))
 
 
-def _writes_arguments(func) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+def _written(func) -> set[str]:
+    """The arguments an op writes: those its schema marks (`Tensor(a!)`), and batch norm's running statistics,
+    which its legacy schema does not."""
+    declared = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    return declared | _UNDECLARED_WRITES.get(func, set())
+
+
+_UNDECLARED_WRITES = {torch.ops.aten.native_batch_norm.default: {"running_mean", "running_var"}}
 
 
 def _aliased_results(func, args, kwargs):
@@ -47,6 +53,15 @@ def _aliased_results(func, args, kwargs):
     if not results:
         return None
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _written_copied(func, args, kwargs) -> tuple[list, dict]:
+    """The op's arguments with each one it writes replaced by a copy."""
+    written = _written(func)
+    names = [a.name for a in func._schema.arguments]
+    copy = lambda name, value: pytree.tree_map_only(torch.Tensor, torch.clone, value) if name in written else value
+    return ([copy(name, value) for name, value in zip(names, args)],
+            {name: copy(name, value) for name, value in kwargs.items()})
 
 
 class _Capture(TorchDispatchMode):
@@ -63,11 +78,18 @@ class _Capture(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing (reading a GPU value "
                                "on the host, e.g. .item() or print, inside torch.cuda.graph capture)")
-        if func.is_view or func._overloadpacket in _NO_KERNEL:
-            return func(*args, **kwargs)
-        if _writes_arguments(func):
-            self.graph._ops.append((func, args, kwargs, None))
-            return _aliased_results(func, args, kwargs)
+        if func.is_view or func._overloadpacket in _NO_KERNEL or torch.Tag.inplace_view in func.tags:
+            return func(*args, **kwargs)  # no kernel: shapes and allocations are the host's work
+        if _written(func):
+            if all(r.alias_info is not None for r in func._schema.returns):
+                self.graph._ops.append((func, args, kwargs, None))
+                return _aliased_results(func, args, kwargs)
+            # writes some arguments and makes new results (batch norm's running statistics): made at capture on
+            # copies of what it writes, so the writes themselves wait for replay
+            copied_args, copied_kwargs = _written_copied(func, args, kwargs)
+            out = func(*copied_args, **copied_kwargs)
+            self.graph._ops.append((func, args, kwargs, out))
+            return out
         out = func(*args, **kwargs)
         self.graph._ops.append((func, args, kwargs, out))
         return out
