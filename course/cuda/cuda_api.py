@@ -371,10 +371,6 @@ def _raw_allocator(name):
     return refuse
 
 
-def _no_graphs(*args, **kwargs):
-    raise not_modelled("torch.cuda.make_graphed_callables", "capture with torch.cuda.graph, or run eagerly")
-
-
 _compile_warned = False
 
 
@@ -465,7 +461,6 @@ PATCHES = {
     "is_current_stream_capturing": graphs.is_current_stream_capturing,
     "_lazy_init": _lazy_init,
     "CUDAGraph": graphs.CUDAGraph,
-    "make_graphed_callables": _no_graphs,
     "graph_pool_handle": graphs.graph_pool_handle,
     "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
     "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),

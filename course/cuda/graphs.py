@@ -6,15 +6,17 @@ capture, and in-place updates (an optimizer step) happen once per replay, not at
 tensors) runs at capture only. The emulator does the same one level up, with a dispatch mode on the capturing
 thread: each aten op that touches an emulated GPU tensor is recorded; ops that write their arguments (`add_`,
 `copy_`, out=, the optimizer's foreach updates) wait for replay; ops that make new tensors run at capture too, so
-their results exist with the right shapes and memory, and at replay run again into those same tensors. Views and
-allocations (and in-place views, `t_`) launch no kernel and are not recorded. Reading a value on the host while capturing raises CUDA's
-error. Replay is timed as the same kernels launched one by one (a real graph saves their launch overhead).
+their results exist with the right shapes and memory, and at replay run again into those same tensors. Views,
+in-place views (`t_`) and allocations launch no kernel and are not recorded. Reading a value on the host while
+capturing raises CUDA's error. Replay is timed as the same kernels launched one by one (a real graph saves their
+launch overhead). `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
 """
 from __future__ import annotations
 
 import threading
 
 import torch
+import torch.cuda.graphs
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -156,3 +158,8 @@ class CUDAGraph:
 def graph_pool_handle() -> tuple[int, int]:
     """A token to share one memory pool between captures; the emulator keeps no pools, so any token will do."""
     return (0, 0)
+
+
+# torch/cuda/graphs.py's own names, which make_graphed_callables and torch.cuda.graph look up in their module.
+PATCHES = [(torch.cuda.graphs, {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
+                                "is_current_stream_capturing": is_current_stream_capturing})]
