@@ -235,6 +235,41 @@ def test_a_weight_used_twice_is_cast_once_per_region(emu):
     assert torch.equal(w.grad.cpu(), manual.grad.float())
 
 
+def _weight_cast_first_under_no_grad(device):
+    """An eval pass under no_grad, then a training use of the same weight, in one autocast region."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(2, 4)
+    w_on, x_on = w.detach().to(device).requires_grad_(), x.to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.no_grad():
+            x_on @ w_on
+        y = x_on @ w_on
+    y.float().sum().backward()
+    return y.grad_fn is not None, w_on.grad
+
+
+def test_a_cast_first_cached_under_no_grad_still_carries_the_gradient():
+    """Since pytorch/pytorch#165068 the cached cast of a weight is made with grad mode on: the emulator cached the
+    no_grad cast, so the later use had no grad_fn and the weight got no gradient (silently, with a custom
+    autograd.Function's forward too). CPU autocast runs the same C++ cached_cast and is the reference."""
+    has_graph, grad = _weight_cast_first_under_no_grad("cpu")
+    with course.emulate(gpus=1):
+        emulated_has_graph, emulated_grad = _weight_cast_first_under_no_grad("cuda")
+        emulated_grad = emulated_grad.cpu()
+    assert has_graph and emulated_has_graph
+    torch.testing.assert_close(emulated_grad, grad)
+
+
+def test_nothing_is_cached_under_inference_mode(emu):
+    w = torch.randn(4, 4, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.inference_mode():
+            w @ w
+        y = w @ w
+    assert y.grad_fn is not None and not y.is_inference()
+
+
 def test_dataparallel_replicas_autocast_inside_forward():
     with course.emulate(gpus=2):
         class Net(nn.Linear):

@@ -100,9 +100,34 @@ def test_memory_snapshot_lists_live_blocks(emu):
     del x
 
 
+def test_memory_history_records_allocations_with_their_python_stack(emu, tmp_path):
+    """_record_memory_history, _snapshot and _dump_snapshot as memory-profiling tutorials use them: the trace has
+    each allocation and free of the emulated GPU, with the learner's line and none of the emulator's."""
+    torch.cuda.memory._record_memory_history(max_entries=100)
+    x = torch.empty(256, device="cuda:1")
+    y = torch.empty(512, device="cuda:1")
+    del y
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    torch.empty(8, device="cuda:1")
+    trace = snapshot["device_traces"][1]
+    assert [e["action"] for e in trace] == ["segment_alloc", "alloc", "segment_alloc", "alloc",
+                                            "free_requested", "free_completed", "segment_free"]
+    assert [e["size"] for e in trace[:4:2]] == [1024, 2048] and trace[1]["addr"] != trace[3]["addr"]
+    assert trace[1]["frames"][0] == {"filename": __file__, "line": trace[1]["frames"][0]["line"],
+                                     "name": "test_memory_history_records_allocations_with_their_python_stack"}
+    assert not any("/course/" in f["filename"] for e in trace for f in e["frames"])
+    assert [e["time_us"] for e in trace] == sorted(e["time_us"] for e in trace)
+    block = [s for s in snapshot["segments"] if s["device"] == 1 and s["requested_size"] == 1024][0]["blocks"][0]
+    assert block["frames"][0]["name"] == trace[1]["frames"][0]["name"]
+    assert len(torch.cuda.memory._snapshot()["device_traces"][1]) == 7  # stopped: nothing more recorded
+    torch.cuda.memory._dump_snapshot(str(tmp_path / "snapshot.pickle"))
+    from torch.cuda import _memory_viz
+    assert "segments: " in _memory_viz.segsum(snapshot) and _memory_viz.trace_plot(snapshot)
+    del x
+
+
 def test_unmodelled_allocator_calls_name_themselves(emu):
-    with pytest.raises(RuntimeError, match=r"torch.cuda.memory._record_memory_history .*not modelled by the GPU emulator"):
-        torch.cuda.memory._record_memory_history()
     with pytest.raises(RuntimeError, match=r"torch.cuda.memory.host_memory_stats .*not modelled"):
         torch.cuda.host_memory_stats()
     with pytest.raises(RuntimeError, match="torch.cuda.caching_allocator_alloc is not modelled"):
@@ -241,11 +266,94 @@ def test_generator_and_seeds_are_restored_after_the_emulator():
 
 
 # -- what is not modelled ------------------------------------------------------------------------------
-def test_cuda_graphs_say_they_are_not_modelled(emu):
-    with pytest.raises(RuntimeError, match="CUDA graphs.*not modelled by the GPU emulator.*run eagerly"):
-        torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="not modelled by the GPU emulator"):
-        torch.cuda.make_graphed_callables(nn.Linear(2, 2), (torch.ones(1, 2),))
+def _graphed_training(device: str) -> tuple[list[float], torch.Tensor]:
+    """The CUDA-graphs docs' whole-network capture (warm-up on a side stream, capture forward, backward and an SGD
+    step, refill the static inputs, replay); on the CPU the same steps run eagerly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.GELU(), nn.Linear(8, 2)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    static_x, static_y = torch.randn(4, 6, device=device), torch.randn(4, 2, device=device)
+
+    def step():
+        loss = nn.functional.mse_loss(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        step()
+    if device != "cpu":
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            assert torch.cuda.is_current_stream_capturing()
+            static_loss = step()
+            with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+                static_loss.item()
+    losses = []
+    for i in range(3):
+        data = torch.randn(4, 6, generator=torch.Generator().manual_seed(i))
+        static_x.copy_(data)
+        if device == "cpu":
+            opt.zero_grad(set_to_none=True)
+            losses.append(step().item())
+        else:
+            graph.replay()
+            losses.append(static_loss.item())
+    return losses, torch.cat([model[0].weight.detach().flatten(), model[1].running_mean]).cpu()
+
+
+def test_cuda_graph_capture_and_replay_train_as_eager_cpu_steps():
+    """Capture records the kernels without running the ones that write memory (the optimizer's update and batch
+    norm's running statistics happen once per replay, not at capture); host reads while capturing raise CUDA's
+    error."""
+    expected_losses, expected_weight = _graphed_training("cpu")
+    with course.emulate(gpus=2):
+        losses, weight = _graphed_training("cuda:1")
+        assert not torch.cuda.is_current_stream_capturing()
+    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    torch.testing.assert_close(weight, expected_weight)
+
+
+def _partly_graphed_training(device: str) -> tuple[list[float], torch.Tensor]:
+    """The docs' partial-network example: two modules made graphed callables, a third run eagerly."""
+    torch.manual_seed(0)
+    first, second, third = nn.Linear(6, 8).to(device), nn.Linear(8, 4).to(device), nn.Linear(4, 2).to(device)
+    opt = torch.optim.SGD([*first.parameters(), *second.parameters(), *third.parameters()], lr=0.1)
+    if device != "cpu":
+        first = torch.cuda.make_graphed_callables(first, (torch.randn(5, 6, device=device),))
+        second = torch.cuda.make_graphed_callables(second, (torch.randn(5, 8, device=device, requires_grad=True),))
+    losses = []
+    for i in range(3):
+        g = torch.Generator().manual_seed(i)
+        data, target = torch.randn(5, 6, generator=g).to(device), torch.randn(5, 2, generator=g).to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(third(torch.relu(second(first(data)))), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, third.weight.detach().cpu()
+
+
+def test_make_graphed_callables_train_as_eager_cpu_modules():
+    expected_losses, expected_weight = _partly_graphed_training("cpu")
+    with course.emulate(gpus=1):
+        losses, weight = _partly_graphed_training("cuda")
+    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    torch.testing.assert_close(weight, expected_weight)
+
+
+def test_adam_without_capturable_refuses_graph_capture(emu):
+    """As on a GPU: its step count lives on the host, which a replay would not advance."""
+    model = nn.Linear(3, 1).to("cuda")
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 3, device="cuda")).sum().backward()
+    opt.step()
+    with pytest.raises(RuntimeError, match="capturable is False"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            model(torch.ones(2, 3, device="cuda")).sum().backward()
+            opt.step()
 
 
 def test_torch_compile_runs_eagerly_with_the_same_numbers(emu, monkeypatch):

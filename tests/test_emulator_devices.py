@@ -286,3 +286,40 @@ def test_models_converted_in_threads_at_once_leave_module_swapping_off():
         for thread in threads:
             thread.join()
     assert not torch.__future__.get_swap_module_params_on_conversion()
+
+
+@pytest.mark.parametrize("op", [lambda t: t.transpose_(0, 1), lambda t: t.t_(), lambda t: t.unsqueeze_(1),
+                                lambda t: t[:, :1].squeeze_(1), lambda t: t.as_strided_((2, 2), (1, 4), 1),
+                                lambda t: t.swapdims_(0, 1)])
+def test_in_place_views_change_the_shape_pytorch_sees(emu, op):
+    """`transpose_` and the like reshape the tensor itself: the emulated tensor kept its old shape and strides over
+    the new values (a silent wrong `.shape`, and torch.func.grad of `vector @ matrix` failed)."""
+    expected = op(torch.arange(12.0).view(3, 4))
+    got = op(torch.arange(12.0, device="cuda:1").view(3, 4))
+    assert got.device == torch.device("cuda", 1)
+    assert (got.shape, got.stride(), got.storage_offset()) == (expected.shape, expected.stride(),
+                                                                expected.storage_offset())
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(got.contiguous().view(-1).cpu(), expected.contiguous().view(-1))
+
+
+def test_per_sample_gradients_of_a_vector_matrix_product(emu):
+    """matmul of a vector by a matrix squeezes its result in place; under torch.func.grad and vmap the wrong shape
+    raised "returned an invalid gradient"."""
+    weight, xs = torch.randn(3, 2), torch.randn(4, 3)
+    per_sample = torch.func.vmap(torch.func.grad(lambda w, x: (x @ w).tanh().sum()), in_dims=(None, 0))
+    torch.testing.assert_close(per_sample(weight.cuda(), xs.cuda()).cpu(), per_sample(weight, xs))
+
+
+@pytest.mark.parametrize("op", [lambda a, out: torch.matmul(a, a.T, out=out), lambda a, out: torch.add(a, 1, out=out),
+                                lambda a, out: torch.sum(a, 0, out=out), lambda a, out: torch.cat([a, a], out=out),
+                                lambda a, out: torch.sort(a.flatten(), out=(out, torch.empty(0, dtype=torch.long,
+                                                                                             device=a.device)))[0]])
+def test_out_tensors_take_the_shape_the_op_resizes_them_to(emu, op):
+    """An out= tensor of another shape is resized by the op: the emulated tensor kept its old shape over the new
+    values (`torch.matmul(a, b, out=torch.empty(0))` reported shape (0,))."""
+    a = torch.arange(6.0).view(2, 3)
+    expected = op(a, torch.empty(5))
+    got = op(a.to("cuda:2"), torch.empty(5, device="cuda:2"))
+    assert (got.shape, got.stride()) == (expected.shape, expected.stride())
+    torch.testing.assert_close(got.cpu(), expected)

@@ -2,6 +2,7 @@
 import queue
 import threading
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -382,3 +383,104 @@ def test_threads_the_program_starts_use_the_emulated_gpus():
         assert {event.device for event in emu.trace if event.kind == "kernel"} >= {"cuda:0", "cuda:1"}
     torch.testing.assert_close(got[0], want[0])
     assert got[1] == want[1]
+
+
+def _offloaded_step(device):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 12), nn.LayerNorm(12), nn.GELU(), nn.Linear(12, 1)).to(device)
+    x = torch.randn(5, 6).to(device)
+    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        loss = net(x).pow(2).mean()
+    loss.backward()
+    return loss.item(), [p.grad for p in net.parameters()]
+
+
+def test_save_on_cpu_with_pinned_memory_matches_cpu():
+    """Autograd packs saved tensors while the emulator handles the op that saves them, where its mode is off: the
+    hook's pinned buffer met CPU-only torch ("requires a CUDA or other accelerator backend")."""
+    expected_loss, expected = _offloaded_step("cpu")
+    with course.emulate(gpus=2):
+        loss, grads = _offloaded_step("cuda")
+        assert all(g.device == torch.device("cuda", 0) for g in grads)
+        grads = [g.cpu() for g in grads]
+    assert loss == pytest.approx(expected_loss)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
+    """A sparse COO tensor has no storage to look up pinning by: `sparse.to("cuda")` raised "Cannot access storage
+    of SparseTensorImpl"."""
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1, 1, 3], [2, 0, 2, 1]]), torch.tensor([3.0, 4.0, 5.0, -1.0]),
+                                     (4, 3))
+    dense = torch.randn(3, 2)
+    on_gpu = sparse.to("cuda")
+    assert on_gpu.is_sparse and on_gpu.device == torch.device("cuda", 0)
+    torch.testing.assert_close(torch.sparse.mm(on_gpu, dense.cuda()).cpu(), torch.sparse.mm(sparse, dense))
+    back = on_gpu.to("cuda:1").cpu()
+    assert back.is_sparse
+    torch.testing.assert_close(back.to_dense(), sparse.to_dense())
+
+
+def test_kv_cache_slices_written_under_inference_mode(emu):
+    """A decode loop writes each step's keys into a slice of a cache made before `inference_mode`: the slice's
+    wrapper was an inference tensor, which autograd cannot give the cache's version counter (it raised)."""
+    cache, keys = torch.zeros(2, 6), torch.arange(4.0).view(2, 2)
+    on_gpu = cache.cuda()
+    with torch.inference_mode():
+        cache[:, 2:4] = keys
+        on_gpu[:, 2:4] = keys.cuda()
+        window = on_gpu[:, :4]
+    assert not window.is_inference() and not on_gpu.is_inference()
+    torch.testing.assert_close(on_gpu.cpu(), cache)
+    torch.testing.assert_close(window.sum().item(), cache[:, :4].sum().item())
+
+
+def test_module_moves_to_a_gpu_while_a_weak_id_dictionary_holds_its_parameters(emu):
+    """torch.export (pipelining's `pipeline()`) keeps each traced parameter in a WeakIdKeyDictionary; the swap that
+    moves a parameter to an emulated GPU refused it ("has weakref associated with it"), then `param.data = ...`
+    could not move it. Any other weak reference still stops the swap, as in PyTorch."""
+    layer = nn.Linear(3, 2)
+    memo = torch.utils.weak.WeakIdKeyDictionary({layer.weight: "traced"})
+    expected = layer(torch.ones(1, 3))
+    layer.to("cuda:1")
+    assert layer.weight.device == torch.device("cuda", 1) and memo[layer.weight] == "traced"
+    torch.testing.assert_close(layer(torch.ones(1, 3, device="cuda:1")).cpu(), expected)
+    held = weakref.ref(layer.bias)
+    with pytest.raises(RuntimeError, match="weakref"):
+        torch.utils.swap_tensors(layer.bias, nn.Parameter(torch.zeros(2, device="cuda:1")))
+    assert held() is layer.bias
+
+
+class _ScaleWithBuffer(torch.autograd.Function):
+    """A backward that makes its gradient buffer on the gradient's device, as torch.distributed.nn's collectives do."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.empty(grad.shape, device=grad.device, dtype=grad.dtype)
+        return out.copy_(grad * 3) + torch.ones(grad.shape, device=grad.device)
+
+
+def test_custom_function_backward_makes_tensors_on_the_gradient_device(emu):
+    """The engine calls a Function's backward while the emulator's mode is off (it is handling `.backward()`): its
+    `torch.empty(..., device=grad.device)` raised "not modelled" unless FSDP2 had been imported."""
+    x = torch.arange(4.0, device="cuda:1", requires_grad=True)
+    _ScaleWithBuffer.apply(x).pow(2).sum().backward()
+    plain = torch.arange(4.0, requires_grad=True)
+    _ScaleWithBuffer.apply(plain).pow(2).sum().backward()
+    assert x.grad.device == torch.device("cuda", 1)
+    torch.testing.assert_close(x.grad.cpu(), plain.grad)
+
+
+def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
+    """Metric code builds `torch.tensor([loss.item(), count, correct.sum()], device=...)`: only lists led by a GPU
+    tensor were read on the host first, so a number first made C++ read the emulated scalar in place and raise."""
+    scalar = torch.tensor(3.5, device="cuda:1")
+    for data, expected in [([1.0, 2.0, scalar, scalar * 2], [1.0, 2.0, 3.5, 7.0]),
+                           ([[1.0, scalar], [2.0, scalar]], [[1.0, 3.5], [2.0, 3.5]])]:
+        made = torch.tensor(data, device="cuda:1")
+        assert made.device == torch.device("cuda", 1) and made.tolist() == expected

@@ -97,7 +97,10 @@ def _tensors(values):
 
 
 # Casts of fp32 leaf weights are cached inside a region, as C++'s cached_cast does (one cast per weight per
-# forward, however often it is used). Keyed by id, holding a weakref so a recycled id cannot hit.
+# forward, however often it is used). Keyed by id, holding a weakref so a recycled id cannot hit. As in PyTorch
+# since pytorch/pytorch#165068, the cached cast is made with grad mode on, so one first made under no_grad (an
+# eval pass, a custom autograd.Function's forward) still carries the weight's gradient to later uses, and nothing
+# is cached under inference_mode.
 _cache = threading.local()
 
 
@@ -117,14 +120,16 @@ def _cast(value, dtype: torch.dtype, device: str):
     if not _eligible(value, device) or value.dtype is dtype:
         return value
     cacheable = (dtype is torch.get_autocast_dtype(device) and value.dtype is torch.float32 and value.requires_grad
-                 and value.is_leaf and not value._is_view() and torch.is_autocast_cache_enabled())
+                 and value.is_leaf and not value._is_view() and torch.is_autocast_cache_enabled()
+                 and not torch.is_inference_mode_enabled())
     if not cacheable:
         return value.to(dtype)
     casts = _cast_cache()
     hit = casts.get(id(value))
     if hit is not None and hit[0]() is value:
         return hit[1]
-    casted = value.to(dtype)
+    with torch.enable_grad():
+        casted = value.to(dtype)
     casts[id(value)] = (weakref.ref(value), casted)
     return casted
 

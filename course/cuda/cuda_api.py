@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, rng, sharing
+from course.cuda import cuda_bindings, graphs, rng, sharing
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.machine.memory import DeviceMemory
@@ -136,8 +136,8 @@ class Stream(torch._C.Stream):
         return _emu().clock.host_ns >= self._ready_ns
 
     def is_capturing(self) -> bool:
-        """CUDA graph capture is not emulated, so a stream is never capturing."""
-        return False
+        """Capture is per thread here (course/cuda/graphs.py), and a thread captures on its current stream."""
+        return graphs.is_current_stream_capturing() and self == torch.cuda.current_stream(self.device)
 
     def synchronize(self) -> None:
         _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
@@ -361,21 +361,10 @@ LEGACY_TENSOR_TYPES = {
 }
 
 
-class CUDAGraph:
-    """CUDA graphs capture and replay kernels; the emulator runs every kernel eagerly instead."""
-
-    def __new__(cls, *args, **kwargs):
-        raise not_modelled("torch.cuda.CUDAGraph (CUDA graphs)", "run eagerly, without graph capture")
-
-
 def _raw_allocator(name):
     def refuse(*args, **kwargs):
         raise not_modelled(f"torch.cuda.{name}", "there is no device memory to hand out; allocate tensors instead")
     return refuse
-
-
-def _no_graphs(*args, **kwargs):
-    raise not_modelled("CUDA graphs (torch.cuda.graph, make_graphed_callables)", "run eagerly, without graph capture")
 
 
 _compile_warned = False
@@ -464,12 +453,10 @@ PATCHES = {
     "max_memory_reserved": max_memory_allocated,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "mem_get_info": mem_get_info,
-    "is_current_stream_capturing": lambda: False,
+    "is_current_stream_capturing": graphs.is_current_stream_capturing,
     "_lazy_init": _lazy_init,
-    "CUDAGraph": CUDAGraph,
-    "graph": _no_graphs,
-    "make_graphed_callables": _no_graphs,
-    "graph_pool_handle": _no_graphs,
+    "CUDAGraph": graphs.CUDAGraph,
+    "graph_pool_handle": graphs.graph_pool_handle,
     "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
     "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),
     **LEGACY_TENSOR_TYPES,

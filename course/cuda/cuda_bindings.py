@@ -16,6 +16,7 @@ import sys
 import torch
 import torch.cuda.memory
 
+from course.cuda import memory_history
 from course.cuda.devices import current_emulator, parse_device
 
 
@@ -29,7 +30,7 @@ def not_modelled(what: str, advice: str = "run this part on a real GPU") -> NotM
 
 def caller_in_torch(depth: int = 1) -> str:
     """The outermost torch function on the stack above `depth`: the one the learner called, e.g.
-    `torch.cuda.memory._record_memory_history`."""
+    `torch.cuda.caching_allocator_alloc`."""
     frame, name = sys._getframe(depth + 1), "this torch.cuda call"
     while frame is not None and frame.f_globals.get("__name__", "").startswith("torch."):
         name = f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}"
@@ -75,10 +76,10 @@ def _get_memory_fraction(device: int) -> float:
 
 
 def _memory_snapshot(pool=None) -> dict:
-    memory = current_emulator("torch.cuda.memory_snapshot").memory
+    emu = current_emulator("torch.cuda.memory_snapshot")
     private_pool = pool is not None and tuple(pool[:2]) != (0, 0)  # a MemPool: none can exist here
-    return {"segments": [] if private_pool else memory.snapshot(),
-            "device_traces": [[] for _ in memory.fraction]}  # no history: _record_memory_history is not modelled
+    return {"segments": [] if private_pool else memory_history.annotate(emu, emu.memory.snapshot()),
+            "device_traces": memory_history.device_traces(emu)}
 
 
 BINDINGS = {
@@ -89,8 +90,11 @@ BINDINGS = {
     "_cuda_setMemoryFraction": _set_memory_fraction,
     "_cuda_getMemoryFraction": _get_memory_fraction,
     "_cuda_memorySnapshot": _memory_snapshot,
+    "_cuda_record_memory_history": memory_history.record_memory_history,
+    "_cuda_record_memory_history_legacy": memory_history.record_memory_history_legacy,
     "_cuda_getAllocatorBackend": lambda: "native",
     "_cuda_emptyCache": lambda: current_emulator("torch.cuda.empty_cache").memory.empty_cache(),
+    "_host_emptyCache": lambda: None,  # nothing pinned is cached either (torch.cuda.graph's __enter__ calls it)
     # the accelerator torch.distributed and FSDP2 default to (fully_shard's mesh, init_process_group's backend)
     "_get_accelerator": lambda check=False: torch.device("cuda"),
 }

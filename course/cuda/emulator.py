@@ -20,8 +20,8 @@ import torch.cuda.nvtx
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course.cuda import (autocast, checkpoints, collectives, cuda_api, devices, environment, fsdp1, interception,
-                         kernels, legacy_types, module_calls, nccl, profiling, rpc, storages)
+from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
+                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -142,9 +142,11 @@ class Emulator:
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
         # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
+        for target, replacements in module_calls.PATCHES:
+            self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
-        for target, replacements in rpc.patches():  # remote calls run on the emulator
+        for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
             self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
         self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})

@@ -321,7 +321,11 @@ def run_kernel(emu, func, args, kwargs):
             mark_host_scratch(o, end_ns)
             wrapped.append(o)
         elif info.returns_view and emulated:
-            wrapped.append(EmulatedTensor(o, device, emulated[0]._block))
+            base = emulated[0]
+            if _inference_mode_enabled() and not base.is_inference():
+                wrapped.append(_normal_view(o, device, base))
+            else:
+                wrapped.append(EmulatedTensor(o, device, base._block))
         else:
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
@@ -374,8 +378,20 @@ def _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kw
             same._block.ready_ns = max(same._block.ready_ns, end_ns)
             return same
     if info.returns_view and emulated:
-        return EmulatedTensor(out, device, emulated[0]._block)
+        base = emulated[0]
+        if _inference_mode_enabled() and not base.is_inference():
+            return _normal_view(out, device, base)
+        return EmulatedTensor(out, device, base._block)
     return EmulatedTensor(out, device, emu.memory.allocate(device, _storage_nbytes(out), end_ns))
+
+_inference_mode_enabled = torch._C.is_inference_mode_enabled
+
+
+def _normal_view(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
+    """A view shares its base's memory. Under inference_mode a view of a normal tensor is a normal tensor (autograd
+    gives it the base's version counter, which an inference tensor cannot take), so its wrapper is made as one."""
+    with torch.inference_mode(False):
+        return EmulatedTensor(view, device, base._block)
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:

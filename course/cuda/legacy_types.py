@@ -21,13 +21,19 @@ NAMES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTen
 
 
 def holds_gpu_tensors(data) -> bool:
-    """Whether nested lists or tuples hold emulated GPU tensors (which C++ would try to read in place), judged by
-    their first items: such lists are made of like items, and a long list of numbers is not walked on every call."""
+    """Whether nested lists or tuples hold emulated GPU tensors (which C++ would try to read in place). Nested lists
+    are judged by their first item, and a list of numbers by all its items up to a thousand or so: metric code
+    mixes numbers and GPU scalars (`torch.tensor([loss.item(), n, correct.sum()])`), and a long list of numbers is
+    not walked on every call."""
     if not isinstance(data, (list, tuple)):
         return False  # a tensor itself: `torch.tensor(gpu_tensor)` copies it where it is, as on a GPU
-    while isinstance(data, (list, tuple)) and data:
+    while data and isinstance(data[0], (list, tuple)):
         data = data[0]
-    return isinstance(data, EmulatedTensor) and data._device_index != CPU
+    items = data if len(data) <= _WALKED_ITEMS else data[:1]
+    return any(isinstance(item, EmulatedTensor) and item._device_index != CPU for item in items)
+
+
+_WALKED_ITEMS = 1024
 
 
 def on_host(data):

@@ -8,8 +8,12 @@ few ops per call, so eager small-batch work is host-bound on fast GPUs, as on re
 from __future__ import annotations
 
 import threading
+import types
+import weakref
 
 import torch
+import torch.utils
+from torch.utils.weak import WeakIdRef
 
 from course.cuda import devices
 from course.machine import costs
@@ -62,3 +66,15 @@ def module_apply(self, fn, recurse=True):
             _applying -= 1
             if _applying == 0:
                 torch.__future__.set_swap_module_params_on_conversion(_flag_before)
+
+
+def _weakrefs_by_value(tensor) -> list:
+    """`torch.utils.swap_tensors` refuses a tensor anything holds a weak reference to. A `WeakIdRef` (the key of a
+    `WeakIdKeyDictionary`: torch.export's fake-tensor memo keeps one to every parameter `pipeline()` traced) is kept
+    by the object's identity, which a swap keeps, so it need not stop `.to("cuda")`; on a GPU `param.data = ...`
+    makes the move and never asks."""
+    return [ref for ref in weakref.getweakrefs(tensor) if not isinstance(ref, WeakIdRef)]
+
+
+# swap_tensors (torch/utils/__init__.py) reads `weakref.getweakrefs` from its module's globals.
+PATCHES = [(torch.utils, {"weakref": types.SimpleNamespace(getweakrefs=_weakrefs_by_value)})]

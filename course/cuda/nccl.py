@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course.cuda import backward_hooks, cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives
+from course.cuda import cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator
 from course.cuda.kernels import host_scratch_ready, mark_host_scratch
 from course.machine import costs
@@ -470,7 +470,7 @@ def _install_sharded_support(emu) -> None:
     calls this cheap check: the first call after the import puts the handling in place.
     """
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
-        for target, replacements in fsdp2.patches() + backward_hooks.PATCHES:
+        for target, replacements in fsdp2.patches():
             emu._patch(target, replacements)  # undone when the emulator stops
     for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches() + dcp_staging.patches():
         emu._patch(target, replacements)

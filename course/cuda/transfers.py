@@ -38,9 +38,18 @@ def device_of(tensor: torch.Tensor) -> int:
     return tensor._device_index if isinstance(tensor, EmulatedTensor) else CPU
 
 
-def _host_address(tensor: torch.Tensor) -> int:
-    """Where a host tensor's values are: an emulated tensor moved to the host keeps them in its inner tensor."""
-    return (tensor._inner if isinstance(tensor, EmulatedTensor) else tensor).untyped_storage().data_ptr()
+def _host_address(tensor: torch.Tensor) -> int | None:
+    """Where a host tensor's values are: an emulated tensor moved to the host keeps them in its inner tensor. A
+    sparse tensor has no storage of its own (and cannot be pinned): None."""
+    inner = tensor._inner if isinstance(tensor, EmulatedTensor) else tensor
+    return inner.untyped_storage().data_ptr() if inner.layout is torch.strided else None
+
+
+def _nbytes(inner: torch.Tensor) -> int:
+    """Bytes a copy moves: a sparse COO tensor's indices and values (`sparse_cpu.to("cuda")`), else its elements."""
+    if inner.layout is torch.sparse_coo:
+        return _nbytes(inner._indices()) + _nbytes(inner._values())
+    return inner.numel() * inner.element_size()
 
 
 def is_pinned(tensor: torch.Tensor) -> bool:
@@ -151,7 +160,7 @@ def _raw_move(tensor: torch.Tensor, dst: int, non_blocking: bool) -> torch.Tenso
     emu = current_emulator(f"copy to {device_name(dst)}")
     src = device_of(tensor)
     inner = tensor._inner if isinstance(tensor, EmulatedTensor) else tensor
-    nbytes = inner.numel() * inner.element_size()
+    nbytes = _nbytes(inner)
     block = emu.memory.allocate(dst, nbytes) if dst != CPU else None
     with torch._C.DisableTorchFunction():
         if inner.is_meta or emu.materialize:

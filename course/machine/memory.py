@@ -114,6 +114,9 @@ class DeviceMemory:
         self._live: dict[int, tuple] = {}  # id(block) -> (device, address, nbytes, requested), for snapshots
         self._next_address = [_ADDRESS_BASE + device * 2**40 for device in range(num_gpus)]
         self._lock = threading.RLock()
+        # Told of every allocation and free, `observer(action, device, address, nbytes)` with action "alloc" or
+        # "free", while torch.cuda.memory._record_memory_history records (course/cuda/memory_history.py).
+        self.observer = None
 
     @property
     def allocated(self) -> list[int]:
@@ -179,6 +182,8 @@ class DeviceMemory:
             address = self._next_address[device]
             self._live[id(block)] = (device, address, rounded, nbytes)
             self._next_address[device] = address + rounded
+        if self.observer is not None:
+            self.observer("alloc", device, address, rounded)
         return block
 
     def free(self, block: Block) -> None:
@@ -188,7 +193,9 @@ class DeviceMemory:
             pool.blocks -= 1
             pool.bytes -= rounded
             pool.requested -= block.requested
-            self._live.pop(id(block), None)
+            live = self._live.pop(id(block), None)
+        if self.observer is not None and live is not None:
+            self.observer("free", live[0], live[1], rounded)
 
     def reset_peak(self, device: int) -> None:
         with self._lock:

@@ -1,0 +1,165 @@
+"""CUDA graphs on emulated GPUs: `torch.cuda.CUDAGraph` and `with torch.cuda.graph(g):` capture work and replay it.
+
+On a GPU, capture records kernels without running them, and `replay()` runs them again on the same memory: static
+inputs refilled with `copy_` before a replay feed the recorded kernels, results land in the tensors made during
+capture, and in-place updates (an optimizer step) happen once per replay, not at capture. Host work (Python, CPU
+tensors) runs at capture only. The emulator does the same one level up, with a dispatch mode on the capturing
+thread: each aten op that touches an emulated GPU tensor is recorded; ops that write their arguments (`add_`,
+`copy_`, out=, the optimizer's foreach updates) wait for replay; ops that make new tensors run at capture too, so
+their results exist with the right shapes and memory, and at replay run again into those same tensors. Views,
+in-place views (`t_`) and allocations launch no kernel and are not recorded. Reading a value on the host while
+capturing raises CUDA's error. Replay is timed as the same kernels launched one by one (a real graph saves their
+launch overhead). `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.cuda.graphs
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from course.cuda.cuda_bindings import not_modelled
+from course.cuda.devices import CPU, EmulatedTensor
+
+_capturing = threading.local()
+
+
+def is_current_stream_capturing() -> bool:
+    return getattr(_capturing, "graph", None) is not None
+
+
+def _on_gpu(tree) -> bool:
+    return any(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in pytree.tree_leaves(tree))
+
+
+def _written(func) -> set[str]:
+    """The arguments an op writes: those its schema marks (`Tensor(a!)`), and batch norm's running statistics,
+    which its legacy schema does not."""
+    declared = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    return declared | _UNDECLARED_WRITES.get(func, set())
+
+
+_UNDECLARED_WRITES = {torch.ops.aten.native_batch_norm.default: {"running_mean", "running_var"}}
+
+
+def _aliased_results(func, args, kwargs):
+    """What an op that writes its arguments returns without running it: the arguments its results alias (the
+    tensor of `x.add_(y)`, the out= tensors), or None for ops that return nothing (`_foreach_add_`)."""
+    named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+    by_alias = {next(iter(a.alias_info.before_set)): named.get(a.name) for a in func._schema.arguments
+                if a.alias_info is not None and a.alias_info.before_set}
+    results = [by_alias.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None
+               for r in func._schema.returns]
+    if not results:
+        return None
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def _written_copied(func, args, kwargs) -> tuple[list, dict]:
+    """The op's arguments with each one it writes replaced by a copy."""
+    written = _written(func)
+    names = [a.name for a in func._schema.arguments]
+    copy = lambda name, value: pytree.tree_map_only(torch.Tensor, torch.clone, value) if name in written else value
+    return ([copy(name, value) for name, value in zip(names, args)],
+            {name: copy(name, value) for name, value in kwargs.items()})
+
+
+class _Capture(TorchDispatchMode):
+    """Pushed on the capturing thread between capture_begin and capture_end; see the module docstring."""
+
+    def __init__(self, graph: "CUDAGraph"):
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _on_gpu((args, kwargs)):
+            return func(*args, **kwargs)  # host work runs at capture, and only then
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing (reading a GPU value "
+                               "on the host, e.g. .item() or print, inside torch.cuda.graph capture)")
+        if func.is_view or func._overloadpacket in _NO_KERNEL or torch.Tag.inplace_view in func.tags:
+            return func(*args, **kwargs)  # no kernel: shapes and allocations are the host's work
+        if _written(func):
+            if all(r.alias_info is not None for r in func._schema.returns):
+                self.graph._ops.append((func, args, kwargs, None))
+                return _aliased_results(func, args, kwargs)
+            # writes some arguments and makes new results (batch norm's running statistics): made at capture on
+            # copies of what it writes, so the writes themselves wait for replay
+            copied_args, copied_kwargs = _written_copied(func, args, kwargs)
+            out = func(*copied_args, **copied_kwargs)
+            self.graph._ops.append((func, args, kwargs, out))
+            return out
+        out = func(*args, **kwargs)
+        self.graph._ops.append((func, args, kwargs, out))
+        return out
+
+
+_NO_KERNEL = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
+              torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided, torch.ops.aten.detach,
+              torch.ops.aten.alias, torch.ops.aten._unsafe_view}
+
+
+class CUDAGraph:
+    """`torch.cuda.CUDAGraph`: capture_begin/capture_end around the work, then replay() as often as needed."""
+
+    def __init__(self, keep_graph: bool = False):
+        self._ops: list = []
+        self._mode: _Capture | None = None
+        self._captured = False
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global", check_input_liveness: bool = False):
+        if is_current_stream_capturing():
+            raise RuntimeError("CUDA graph capture is already underway on this thread: captures cannot nest")
+        self._ops, self._captured = [], False
+        self._mode = _Capture(self)
+        self._mode.__enter__()
+        _capturing.graph = self
+
+    def capture_end(self) -> None:
+        _capturing.graph = None
+        self._mode.__exit__(None, None, None)
+        self._mode, self._captured = None, True
+
+    def instantiate(self) -> None:
+        pass  # nothing to build: replay runs the recorded ops
+
+    def replay(self) -> None:
+        if not self._captured:
+            raise RuntimeError("CUDAGraph.replay: the graph has not been captured (capture_end was not called)")
+        with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
+            for func, args, kwargs, out in self._ops:
+                self._run(func, args, kwargs, out)
+
+    @staticmethod
+    def _run(func, args, kwargs, out) -> None:
+        fresh = func(*args, **kwargs)
+        if out is None:
+            return
+        for static, new in zip(pytree.tree_leaves(out), pytree.tree_leaves(fresh)):
+            if isinstance(static, EmulatedTensor) and isinstance(new, EmulatedTensor):
+                torch.ops.aten.copy_.default(static._inner, new._inner)
+
+    def reset(self) -> None:
+        self._ops, self._captured = [], False
+
+    def pool(self) -> tuple[int, int]:
+        return (0, id(self))
+
+    def enable_debug_mode(self) -> None:
+        pass
+
+    def debug_dump(self, debug_path: str) -> None:
+        raise not_modelled("CUDAGraph.debug_dump (there is no cudaGraph_t to dump)")
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    """A token to share one memory pool between captures; the emulator keeps no pools, so any token will do."""
+    return (0, 0)
+
+
+# torch/cuda/graphs.py's own names, which make_graphed_callables and torch.cuda.graph look up in their module.
+PATCHES = [(torch.cuda.graphs, {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
+                                "is_current_stream_capturing": is_current_stream_capturing})]
