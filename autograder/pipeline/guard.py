@@ -43,7 +43,7 @@ def _grader_guard():
     state = {"test": False, "file": None, "tamper": [], "busy": False}
     # The emulator's own state, which changes as it runs (the active emulator); and its per-op caches.
     EMULATOR_STATE = {"course.cuda.devices": ("active",)}
-    CACHES = {("course.cuda.kernels", "_OP_INFO"), ("course.cuda.kernels", "_FLOPS_BY_SHAPE")}
+    CACHES = {("course.cuda.kernels", "_OP_INFO"), ("course.cuda.kernels", "_TERMS_BY_SHAPE")}
     MISSING = object()
     roots = {"builtins", "torch", "numpy", "course"}
     # torch's own classes as imported, before anything ran: while the emulator runs, `torch.device` names its

@@ -9,7 +9,7 @@ import re
 PATTERNS = {
     "references": r"\breferences\b", "grading": r"\bgrading\b", "gradebook": r"gradebook", "autograder": r"autograder",
     "replaces function code": r"\.__(code|defaults|kwdefaults)__\s*=[^=]",
-    "emulator internals": r"\._events\b|\.clock\b|\bdevices\.active\b|_pinned_storages|_OP_INFO|_FLOPS_BY_SHAPE",
+    "emulator internals": r"\._events\b|\.clock\b|\bdevices\.active\b|_pinned_storages|_OP_INFO|_TERMS_BY_SHAPE",
     "patches torch/numpy checks": r"(allclose|assert_close|\.equal|isclose|testing\.\w+)\s*=[^=]",
     "builtins": r"\bbuiltins\b|__builtins__", "custom __eq__": r"def\s+__(eq|ne|lt|le|gt|ge|bool)__",
     "__torch_function__": r"__torch_function__", "frame/gc introspection": r"_getframe|\bgc\.get_|__closure__|f_back|tb_frame|inspect\.",
