@@ -132,6 +132,10 @@ def test_unmodelled_allocator_calls_name_themselves(emu):
         torch.cuda.host_memory_stats()
     with pytest.raises(RuntimeError, match="torch.cuda.caching_allocator_alloc is not modelled"):
         torch.cuda.caching_allocator_alloc(1024)
+    with pytest.raises(RuntimeError, match=r"torch.cuda.ExternalStream \(a stream made outside PyTorch\) is not"):
+        torch.cuda.get_stream_from_external(1234, device=1)
+    with pytest.raises(RuntimeError, match=r"torch.cuda._set_rng_state_offset \(the Philox offset.* is not modelled"):
+        torch.cuda._set_rng_state_offset(100)
     assert not hasattr(torch._C, "_cuda_getDeviceCount")  # hasattr probes still see a CPU build
     assert not torch.cuda._is_compiled()
 

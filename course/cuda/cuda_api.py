@@ -367,6 +367,26 @@ def _raw_allocator(name):
     return refuse
 
 
+class ExternalStream:
+    """`torch.cuda.ExternalStream`: a stream another library made with the CUDA runtime, which has none here."""
+
+    def __new__(cls, *args, **kwargs):
+        raise not_modelled("torch.cuda.ExternalStream (a stream made outside PyTorch)",
+                           "no other library makes CUDA streams here; use torch.cuda.Stream")
+
+
+def _external_stream(*args, **kwargs):
+    return ExternalStream(*args, **kwargs)
+
+
+def _philox_offset(name):
+    def refuse(*args, **kwargs):
+        raise not_modelled(f"torch.cuda.{name} (the Philox offset of CUDA's generator)",
+                           "an emulated GPU draws from the CPU generator, which has no offset; use "
+                           "torch.cuda.get_rng_state and set_rng_state")
+    return refuse
+
+
 _compile_warned = False
 
 
@@ -457,6 +477,10 @@ PATCHES = {
     "_lazy_init": _lazy_init,
     "CUDAGraph": graphs.CUDAGraph,
     "graph_pool_handle": graphs.graph_pool_handle,
+    "ExternalStream": ExternalStream,
+    "get_stream_from_external": _external_stream,
+    "_set_rng_state_offset": _philox_offset("_set_rng_state_offset"),
+    "_get_rng_state_offset": _philox_offset("_get_rng_state_offset"),
     "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
     "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),
     **LEGACY_TENSOR_TYPES,
