@@ -268,7 +268,7 @@ def _start_thread(self) -> None:
     current device is per thread."""
     emu = devices.active
     if emu is not None and not isinstance(self, EmulatedThread):
-        self._course_emulator, self._course_end_ns = emu, emu.clock.host_ns
+        self._course_emulator, self._course_host_ns = emu, emu.clock.host_ns
     _thread_start(self)
 
 
@@ -276,19 +276,19 @@ def _run_thread(self) -> None:
     emu = getattr(self, "_course_emulator", None)
     if emu is None or devices.active is not emu:
         return _thread_bootstrap_inner(self)
-    emu.clock.host_ns = self._course_end_ns
+    emu.clock.host_ns = self._course_host_ns
     try:
         with EmulatorMode():
             _thread_bootstrap_inner(self)
     finally:
-        self._course_end_ns = emu.clock.host_ns
+        self._course_host_ns = emu.clock.host_ns
 
 
 def _join_thread(self, timeout=None) -> None:
     _thread_join(self, timeout)
     emu = getattr(self, "_course_emulator", None)
     if emu is not None and not self.is_alive():
-        emu.clock.host_ns = max(emu.clock.host_ns, self._course_end_ns)
+        emu.clock.host_ns = max(emu.clock.host_ns, self._course_host_ns)
 
 
 THREAD_PATCHES = {"start": _start_thread, "_bootstrap_inner": _run_thread, "join": _join_thread}

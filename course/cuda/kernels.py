@@ -312,20 +312,12 @@ def run_kernel(emu, func, args, kwargs):
             continue
         same = by_inner.get(id(o))
         if same is not None:  # in-place or out=: the same tensor comes back
-            if info.restrides or (o.layout is torch.strided and (o.shape != same.shape or o.stride() != same.stride())):
-                # the op restrided its tensor, or resized an out= tensor of the wrong shape
-                _follow_new_metadata(emu, same, args if info.restrides else (), device)
-            same._block.ready_ns = max(same._block.ready_ns, end_ns)
-            wrapped.append(same)
+            wrapped.append(_given_back(emu, info, same, o, args, device, end_ns))
         elif id(o) in scratch_ids:  # PyTorch's C++ wrote into its own buffer (e.g. a DDP bucket)
             mark_host_scratch(o, end_ns)
             wrapped.append(o)
         elif info.returns_view and emulated:
-            base = emulated[0]
-            if _inference_mode_enabled() and not base.is_inference():
-                wrapped.append(_normal_view(o, device, base))
-            else:
-                wrapped.append(EmulatedTensor(o, device, base._block))
+            wrapped.append(_view_of(o, device, emulated[0]))
         else:
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
@@ -372,26 +364,31 @@ def _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kw
         end_ns = _charge_kernel(emu, func, info, device, un_args, un_kwargs, out, nbytes, out.dtype, inputs_ready_ns)
     for same in emulated:
         if same._inner is out:  # in-place or out=: the same tensor comes back
-            if info.restrides or (out.layout is torch.strided and (out.shape != same.shape
-                                                                   or out.stride() != same.stride())):
-                _follow_new_metadata(emu, same, args if info.restrides else (), device)
-            same._block.ready_ns = max(same._block.ready_ns, end_ns)
-            return same
+            return _given_back(emu, info, same, out, args, device, end_ns)
     if info.returns_view and emulated:
-        base = emulated[0]
-        if _inference_mode_enabled() and not base.is_inference():
-            return _normal_view(out, device, base)
-        return EmulatedTensor(out, device, base._block)
+        return _view_of(out, device, emulated[0])
     return EmulatedTensor(out, device, emu.memory.allocate(device, _storage_nbytes(out), end_ns))
+
+
+def _given_back(emu, info, same: EmulatedTensor, out: torch.Tensor, args, device: int, end_ns: int) -> EmulatedTensor:
+    """An in-place or out= op's own tensor, back from it: with its data's new shape if the op restrided it or resized
+    an out= tensor of the wrong shape, and ready when the op ends."""
+    if info.restrides or (out.layout is torch.strided and (out.shape != same.shape or out.stride() != same.stride())):
+        _follow_new_metadata(emu, same, args if info.restrides else (), device)
+    same._block.ready_ns = max(same._block.ready_ns, end_ns)
+    return same
+
 
 _inference_mode_enabled = torch._C.is_inference_mode_enabled
 
 
-def _normal_view(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
+def _view_of(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
     """A view shares its base's memory. Under inference_mode a view of a normal tensor is a normal tensor (autograd
     gives it the base's version counter, which an inference tensor cannot take), so its wrapper is made as one."""
-    with torch.inference_mode(False):
-        return EmulatedTensor(view, device, base._block)
+    if _inference_mode_enabled() and not base.is_inference():
+        with torch.inference_mode(False):
+            return EmulatedTensor(view, device, base._block)
+    return EmulatedTensor(view, device, base._block)
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:
