@@ -348,6 +348,79 @@ def test_make_graphed_callables_train_as_eager_cpu_modules():
     torch.testing.assert_close(weight, expected_weight)
 
 
+def _captured_chain(emu, x, fork: bool):
+    """Twenty small kernels captured with torch.cuda.graph after the docs' side-stream warm-up; with `fork`, a branch of
+    five more on another stream, joined back as stream capture requires."""
+    def step():
+        a = x
+        for _ in range(10):
+            a = a * 1.5 + 1
+        if not fork:
+            return a
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            b = x
+            for _ in range(5):
+                b = b - 1
+        torch.cuda.current_stream().wait_stream(side)
+        return a + b
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    torch.cuda.synchronize()
+    return graph, out, step
+
+
+def test_graph_replay_costs_the_host_one_graph_launch_and_runs_the_kernels_as_captured(emu):
+    """On a GPU replay() is one cudaGraphLaunch (aten/src/ATen/cuda/CUDAGraph.cpp) on the current stream, and the
+    captured kernels run back to back with no launch of their own; eager, the host pays a launch per kernel."""
+    from course.machine import costs
+    x = torch.ones(256, 256, device="cuda")
+    graph, out, step = _captured_chain(emu, x, fork=False)
+    host, events = emu.clock.host_ns, len(emu.clock._events)
+    eager = step()
+    eager_host = emu.clock.host_ns - host
+    eager_kernels = [e for e in emu.clock._events[events:] if e.kind == "kernel"]
+    torch.cuda.synchronize()
+    host, events = emu.clock.host_ns, len(emu.clock._events)
+    x.fill_(2)
+    after_fill, fill_events = emu.clock.host_ns, len(emu.clock._events)
+    graph.replay()
+    assert emu.clock.host_ns - after_fill == costs.HOST_GRAPH_LAUNCH_NS
+    assert eager_host == len(eager_kernels) * costs.HOST_LAUNCH_NS  # what the graph saves
+    replayed = [e for e in emu.clock._events[fill_events:] if e.kind == "kernel"]
+    assert [e.duration_ns for e in replayed] == [e.duration_ns for e in eager_kernels]
+    assert all(e.stream == torch.cuda.current_stream().stream_id for e in replayed)
+    assert replayed[0].start_ns == max(after_fill + costs.HOST_GRAPH_LAUNCH_NS,
+                                       emu.clock._events[events].end_ns)  # after the fill it reads
+    assert all(b.start_ns == a.end_ns for a, b in zip(replayed, replayed[1:]))  # back to back
+    out[0, 0].item()
+    assert emu.clock.host_ns >= replayed[-1].end_ns  # the host read waited for the replayed kernels
+    torch.testing.assert_close(out, step())
+    assert not torch.equal(out, eager)  # the replay read the refilled input
+
+
+def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):
+    """A branch captured on a side stream overlaps the main chain at replay, and later work on the replay stream
+    waits for the whole graph."""
+    x = torch.ones(256, 256, device="cuda")
+    graph, out, step = _captured_chain(emu, x, fork=True)
+    events = len(emu.clock._events)
+    graph.replay()
+    replayed = [e for e in emu.clock._events[events:] if e.kind == "kernel"]
+    main = torch.cuda.current_stream().stream_id
+    branch = [e for e in replayed if e.stream != main]
+    assert len(branch) == 5 and len(replayed) == 2 * 10 + 5 + 1
+    assert branch[0].start_ns < replayed[9].end_ns  # runs beside the main chain
+    assert torch.cuda.current_stream().query() is False
+    torch.cuda.current_stream().synchronize()
+    assert emu.clock.host_ns >= max(e.end_ns for e in replayed)
+    torch.testing.assert_close(out, step())
+
+
 def test_adam_without_capturable_refuses_graph_capture(emu):
     """As on a GPU: its step count lives on the host, which a replay would not advance."""
     model = nn.Linear(3, 1).to("cuda")
