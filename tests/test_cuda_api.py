@@ -433,6 +433,60 @@ def test_adam_without_capturable_refuses_graph_capture(emu):
             opt.step()
 
 
+def test_benchmark_timer_reads_the_simulated_clock_for_gpu_work(emu):
+    """torch.utils.benchmark.Timer synchronizes the accelerator around what it times (its default timer): under the
+    emulator it reports the emulated GPU's time, as CUDA events do, not this CPU's; work that leaves the simulated
+    clock still (plain Python) keeps the real clock, and an explicit CPU timer is left alone."""
+    import timeit
+    from torch.utils.benchmark import Timer
+    a = torch.randn(512, 512, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.current_stream().synchronize()  # as Timer does before it starts
+    start.record()
+    for _ in range(3):
+        a @ a
+    end.record()
+    end.synchronize()
+    measured = Timer("a @ a", globals={"a": a}).timeit(3)
+    assert measured.mean == pytest.approx(start.elapsed_time(end) / 3 / 1e3, rel=1e-6)
+    python = Timer("sum(range(50))").blocked_autorange(min_run_time=0.01)
+    assert 0 < python.median < 1e-3
+    before = emu.clock.host_ns
+    cpu_timer = Timer("a @ a", globals={"a": a}, timer=timeit.default_timer).timeit(1)
+    assert cpu_timer.mean > (emu.clock.host_ns - before) / 1e9  # this CPU's matmul, slower than the GPU's
+
+
+def test_synchronize_next_to_a_wall_clock_is_noted_once(emu, monkeypatch):
+    """The hand-written GPU timing (synchronize, time.perf_counter, synchronize) gets a one-time note; the time module
+    is not patched."""
+    import time
+    from course.cuda import wall_clock
+    monkeypatch.setattr(wall_clock, "_noted", False)
+    a = torch.randn(64, 64, device="cuda")
+
+    def events_only():  # the time module, but no clock read
+        time.sleep(0)
+        a @ a
+        torch.cuda.synchronize()
+
+    def wall_clock_timing():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        events_only()
+    with pytest.warns(UserWarning, match="wall clocks measure this CPU") as caught:
+        wall_clock_timing()
+    assert caught[0].filename == __file__  # points at the program's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wall_clock_timing()
+
+
 def test_torch_compile_runs_eagerly_with_the_same_numbers(emu, monkeypatch):
     monkeypatch.setattr(cuda_api, "_compile_warned", False)
     torch.manual_seed(0)

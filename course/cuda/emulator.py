@@ -21,7 +21,8 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages)
+                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages,
+                         wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -147,6 +148,8 @@ class Emulator:
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
+            self._patch(target, replacements)
+        for target, replacements in wall_clock.PATCHES:  # torch.utils.benchmark.Timer reads the simulated clock
             self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
         self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})
