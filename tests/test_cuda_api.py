@@ -561,3 +561,79 @@ def test_event_repr_and_host_copies_land_pinned():
         assert x.to("cpu", non_blocking=True).is_pinned()
         assert not x.to("cpu").is_pinned()
         torch.testing.assert_close(x.to("cpu", non_blocking=True), x.cpu())
+
+
+# -- deterministic mode --------------------------------------------------------------------------------------------
+@pytest.fixture
+def deterministic(monkeypatch):
+    """Deterministic mode on for one test, and the cuBLAS workspace setting read afresh (PyTorch reads it once)."""
+    from course.cuda import determinism
+    monkeypatch.setattr(determinism, "_cublas_config_deterministic", None)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_mode_raises_what_cuda_kernels_raise(emu, deterministic):
+    """The ops torch.use_deterministic_algorithms documents as raising on CUDA raise PyTorch's own error (the caller
+    name each CUDA kernel passes to alertNotDeterministic), where CPU torch runs them; the ones it makes deterministic
+    on CUDA run, as on the CPU."""
+    x = torch.randn(4, 4, device="cuda")
+    index = torch.tensor([0, 1, 1], device="cuda")
+    cases = {
+        "cumsum_cuda_kernel": lambda: x.cumsum(0),
+        "_bincount_cuda": lambda: torch.bincount(index, weights=torch.ones(3, device="cuda")),
+        "_histc_cuda": lambda: torch.histc(x),
+        "median CUDA with indices output": lambda: x.median(1),
+        "put_": lambda: torch.zeros(4, device="cuda").put_(index, torch.ones(3, device="cuda"), accumulate=True),
+        "adaptive_avg_pool2d_backward_out_cuda": lambda: nn.functional.adaptive_avg_pool2d(
+            x.view(1, 1, 4, 4).requires_grad_(), 2).sum().backward(),
+    }
+    for caller, call in cases.items():
+        with pytest.raises(RuntimeError, match=f"^{caller} does not have a deterministic implementation, but you set "
+                                               r"'torch.use_deterministic_algorithms\(True\)'"):
+            call()
+    host, host_index = x.cpu(), index.cpu()  # CPU torch has deterministic kernels for them
+    torch.cumsum(host, 0), torch.histc(host), host.median(1), torch.bincount(host_index, weights=torch.ones(3))
+    torch.zeros(4).put_(host_index, torch.ones(3), accumulate=True)
+    runs = [x.median(), torch.bincount(index), torch.arange(4, device="cuda").cumsum(0),
+            torch.zeros(3, device="cuda").index_add_(0, index, torch.ones(3, device="cuda")),
+            torch.zeros(4, device="cuda").scatter_add_(0, index, torch.ones(3, device="cuda"))]
+    assert [t.device.type for t in runs] == ["cuda"] * len(runs)
+
+
+def test_deterministic_mode_wants_the_cublas_workspace_setting(emu, deterministic, monkeypatch):
+    from course.cuda import determinism
+    a = torch.randn(3, 3, device="cuda")
+    with pytest.raises(RuntimeError, match="it uses CuBLAS and you have CUDA >= 10.2.*CUBLAS_WORKSPACE_CONFIG=:4096:8"):
+        nn.Linear(3, 3).cuda()(a)
+    expected = a.cpu() @ a.cpu()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with pytest.warns(UserWarning, match="uses CuBLAS"):
+        torch.testing.assert_close((a @ a).cpu(), expected)
+    with pytest.warns(UserWarning, match=r"cumsum_cuda_kernel does not have a deterministic implementation, but you "
+                                         r"set 'torch.use_deterministic_algorithms\(True, warn_only=True\)'"):
+        a.cumsum(0)
+    torch.use_deterministic_algorithms(True)
+    monkeypatch.setattr(determinism, "_cublas_config_deterministic", None)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.testing.assert_close((a @ a).cpu(), expected)
+    torch.testing.assert_close(torch.bmm(a[None], a[None]).cpu(), expected[None])
+
+
+def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, deterministic, monkeypatch):
+    """On CUDA tensors in deterministic mode F.interpolate (linear modes), F.pad(mode="replicate") and F.max_pool3d run
+    a torch._decomp decomposition that makes index tensors on the input's device: the same numbers as on the CPU."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+
+    def run(device):
+        torch.manual_seed(0)
+        x = torch.randn(1, 2, 4, 4, device=device, requires_grad=True)
+        y = nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate")
+        (y.sum() + nn.functional.max_pool3d(x[None], 2).sum()).backward()
+        return y.detach().cpu(), x.grad.cpu()
+
+    for got, want in zip(run("cuda"), run("cpu")):
+        torch.testing.assert_close(got, want)
