@@ -149,7 +149,7 @@ class CUDAGraph:
         emu = devices.active
         clock = emu.clock
         issued = clock.host_ns + costs.HOST_GRAPH_LAUNCH_NS
-        origin_device, origin_stream = self._origin
+        origin_device = self._origin[0]
         replay_lane = (origin_device, emu.current_stream_id(origin_device))
         lanes = {replay_lane}
         with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
