@@ -348,6 +348,79 @@ def test_make_graphed_callables_train_as_eager_cpu_modules():
     torch.testing.assert_close(weight, expected_weight)
 
 
+def _captured_chain(emu, x, fork: bool):
+    """Twenty small kernels captured with torch.cuda.graph after the docs' side-stream warm-up; with `fork`, a branch of
+    five more on another stream, joined back as stream capture requires."""
+    def step():
+        a = x
+        for _ in range(10):
+            a = a * 1.5 + 1
+        if not fork:
+            return a
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            b = x
+            for _ in range(5):
+                b = b - 1
+        torch.cuda.current_stream().wait_stream(side)
+        return a + b
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    torch.cuda.synchronize()
+    return graph, out, step
+
+
+def test_graph_replay_costs_the_host_one_graph_launch_and_runs_the_kernels_as_captured(emu):
+    """On a GPU replay() is one cudaGraphLaunch (aten/src/ATen/cuda/CUDAGraph.cpp) on the current stream, and the
+    captured kernels run back to back with no launch of their own; eager, the host pays a launch per kernel."""
+    from course.machine import costs
+    x = torch.ones(256, 256, device="cuda")
+    graph, out, step = _captured_chain(emu, x, fork=False)
+    host, events = emu.clock.host_ns, len(emu.clock._events)
+    eager = step()
+    eager_host = emu.clock.host_ns - host
+    eager_kernels = [e for e in emu.clock._events[events:] if e.kind == "kernel"]
+    torch.cuda.synchronize()
+    host, events = emu.clock.host_ns, len(emu.clock._events)
+    x.fill_(2)
+    after_fill, fill_events = emu.clock.host_ns, len(emu.clock._events)
+    graph.replay()
+    assert emu.clock.host_ns - after_fill == costs.HOST_GRAPH_LAUNCH_NS
+    assert eager_host == len(eager_kernels) * costs.HOST_LAUNCH_NS  # what the graph saves
+    replayed = [e for e in emu.clock._events[fill_events:] if e.kind == "kernel"]
+    assert [e.duration_ns for e in replayed] == [e.duration_ns for e in eager_kernels]
+    assert all(e.stream == torch.cuda.current_stream().stream_id for e in replayed)
+    assert replayed[0].start_ns == max(after_fill + costs.HOST_GRAPH_LAUNCH_NS,
+                                       emu.clock._events[events].end_ns)  # after the fill it reads
+    assert all(b.start_ns == a.end_ns for a, b in zip(replayed, replayed[1:]))  # back to back
+    out[0, 0].item()
+    assert emu.clock.host_ns >= replayed[-1].end_ns  # the host read waited for the replayed kernels
+    torch.testing.assert_close(out, step())
+    assert not torch.equal(out, eager)  # the replay read the refilled input
+
+
+def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):
+    """A branch captured on a side stream overlaps the main chain at replay, and later work on the replay stream
+    waits for the whole graph."""
+    x = torch.ones(256, 256, device="cuda")
+    graph, out, step = _captured_chain(emu, x, fork=True)
+    events = len(emu.clock._events)
+    graph.replay()
+    replayed = [e for e in emu.clock._events[events:] if e.kind == "kernel"]
+    main = torch.cuda.current_stream().stream_id
+    branch = [e for e in replayed if e.stream != main]
+    assert len(branch) == 5 and len(replayed) == 2 * 10 + 5 + 1
+    assert branch[0].start_ns < replayed[9].end_ns  # runs beside the main chain
+    assert torch.cuda.current_stream().query() is False
+    torch.cuda.current_stream().synchronize()
+    assert emu.clock.host_ns >= max(e.end_ns for e in replayed)
+    torch.testing.assert_close(out, step())
+
+
 def test_adam_without_capturable_refuses_graph_capture(emu):
     """As on a GPU: its step count lives on the host, which a replay would not advance."""
     model = nn.Linear(3, 1).to("cuda")
@@ -358,6 +431,60 @@ def test_adam_without_capturable_refuses_graph_capture(emu):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             model(torch.ones(2, 3, device="cuda")).sum().backward()
             opt.step()
+
+
+def test_benchmark_timer_reads_the_simulated_clock_for_gpu_work(emu):
+    """torch.utils.benchmark.Timer synchronizes the accelerator around what it times (its default timer): under the
+    emulator it reports the emulated GPU's time, as CUDA events do, not this CPU's; work that leaves the simulated
+    clock still (plain Python) keeps the real clock, and an explicit CPU timer is left alone."""
+    import timeit
+    from torch.utils.benchmark import Timer
+    a = torch.randn(512, 512, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.current_stream().synchronize()  # as Timer does before it starts
+    start.record()
+    for _ in range(3):
+        a @ a
+    end.record()
+    end.synchronize()
+    measured = Timer("a @ a", globals={"a": a}).timeit(3)
+    assert measured.mean == pytest.approx(start.elapsed_time(end) / 3 / 1e3, rel=1e-6)
+    python = Timer("sum(range(50))").blocked_autorange(min_run_time=0.01)
+    assert 0 < python.median < 1e-3
+    before = emu.clock.host_ns
+    cpu_timer = Timer("a @ a", globals={"a": a}, timer=timeit.default_timer).timeit(1)
+    assert cpu_timer.mean > (emu.clock.host_ns - before) / 1e9  # this CPU's matmul, slower than the GPU's
+
+
+def test_synchronize_next_to_a_wall_clock_is_noted_once(emu, monkeypatch):
+    """The hand-written GPU timing (synchronize, time.perf_counter, synchronize) gets a one-time note; the time module
+    is not patched."""
+    import time
+    from course.cuda import wall_clock
+    monkeypatch.setattr(wall_clock, "_noted", False)
+    a = torch.randn(64, 64, device="cuda")
+
+    def events_only():  # the time module, but no clock read
+        time.sleep(0)
+        a @ a
+        torch.cuda.synchronize()
+
+    def wall_clock_timing():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        events_only()
+    with pytest.warns(UserWarning, match="wall clocks measure this CPU") as caught:
+        wall_clock_timing()
+    assert caught[0].filename == __file__  # points at the program's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wall_clock_timing()
 
 
 def test_torch_compile_runs_eagerly_with_the_same_numbers(emu, monkeypatch):
@@ -434,3 +561,79 @@ def test_event_repr_and_host_copies_land_pinned():
         assert x.to("cpu", non_blocking=True).is_pinned()
         assert not x.to("cpu").is_pinned()
         torch.testing.assert_close(x.to("cpu", non_blocking=True), x.cpu())
+
+
+# -- deterministic mode --------------------------------------------------------------------------------------------
+@pytest.fixture
+def deterministic(monkeypatch):
+    """Deterministic mode on for one test, and the cuBLAS workspace setting read afresh (PyTorch reads it once)."""
+    from course.cuda import determinism
+    monkeypatch.setattr(determinism, "_cublas_config_deterministic", None)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_mode_raises_what_cuda_kernels_raise(emu, deterministic):
+    """The ops torch.use_deterministic_algorithms documents as raising on CUDA raise PyTorch's own error (the caller
+    name each CUDA kernel passes to alertNotDeterministic), where CPU torch runs them; the ones it makes deterministic
+    on CUDA run, as on the CPU."""
+    x = torch.randn(4, 4, device="cuda")
+    index = torch.tensor([0, 1, 1], device="cuda")
+    cases = {
+        "cumsum_cuda_kernel": lambda: x.cumsum(0),
+        "_bincount_cuda": lambda: torch.bincount(index, weights=torch.ones(3, device="cuda")),
+        "_histc_cuda": lambda: torch.histc(x),
+        "median CUDA with indices output": lambda: x.median(1),
+        "put_": lambda: torch.zeros(4, device="cuda").put_(index, torch.ones(3, device="cuda"), accumulate=True),
+        "adaptive_avg_pool2d_backward_out_cuda": lambda: nn.functional.adaptive_avg_pool2d(
+            x.view(1, 1, 4, 4).requires_grad_(), 2).sum().backward(),
+    }
+    for caller, call in cases.items():
+        with pytest.raises(RuntimeError, match=f"^{caller} does not have a deterministic implementation, but you set "
+                                               r"'torch.use_deterministic_algorithms\(True\)'"):
+            call()
+    host, host_index = x.cpu(), index.cpu()  # CPU torch has deterministic kernels for them
+    torch.cumsum(host, 0), torch.histc(host), host.median(1), torch.bincount(host_index, weights=torch.ones(3))
+    torch.zeros(4).put_(host_index, torch.ones(3), accumulate=True)
+    runs = [x.median(), torch.bincount(index), torch.arange(4, device="cuda").cumsum(0),
+            torch.zeros(3, device="cuda").index_add_(0, index, torch.ones(3, device="cuda")),
+            torch.zeros(4, device="cuda").scatter_add_(0, index, torch.ones(3, device="cuda"))]
+    assert [t.device.type for t in runs] == ["cuda"] * len(runs)
+
+
+def test_deterministic_mode_wants_the_cublas_workspace_setting(emu, deterministic, monkeypatch):
+    from course.cuda import determinism
+    a = torch.randn(3, 3, device="cuda")
+    with pytest.raises(RuntimeError, match="it uses CuBLAS and you have CUDA >= 10.2.*CUBLAS_WORKSPACE_CONFIG=:4096:8"):
+        nn.Linear(3, 3).cuda()(a)
+    expected = a.cpu() @ a.cpu()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with pytest.warns(UserWarning, match="uses CuBLAS"):
+        torch.testing.assert_close((a @ a).cpu(), expected)
+    with pytest.warns(UserWarning, match=r"cumsum_cuda_kernel does not have a deterministic implementation, but you "
+                                         r"set 'torch.use_deterministic_algorithms\(True, warn_only=True\)'"):
+        a.cumsum(0)
+    torch.use_deterministic_algorithms(True)
+    monkeypatch.setattr(determinism, "_cublas_config_deterministic", None)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.testing.assert_close((a @ a).cpu(), expected)
+    torch.testing.assert_close(torch.bmm(a[None], a[None]).cpu(), expected[None])
+
+
+def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, deterministic, monkeypatch):
+    """On CUDA tensors in deterministic mode F.interpolate (linear modes), F.pad(mode="replicate") and F.max_pool3d run
+    a torch._decomp decomposition that makes index tensors on the input's device: the same numbers as on the CPU."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+
+    def run(device):
+        torch.manual_seed(0)
+        x = torch.randn(1, 2, 4, 4, device=device, requires_grad=True)
+        y = nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate")
+        (y.sum() + nn.functional.max_pool3d(x[None], 2).sum()).backward()
+        return y.detach().cpu(), x.grad.cpu()
+
+    for got, want in zip(run("cuda"), run("cpu")):
+        torch.testing.assert_close(got, want)

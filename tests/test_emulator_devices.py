@@ -323,3 +323,19 @@ def test_out_tensors_take_the_shape_the_op_resizes_them_to(emu, op):
     got = op(a.to("cuda:2"), torch.empty(5, device="cuda:2"))
     assert (got.shape, got.stride()) == (expected.shape, expected.stride())
     torch.testing.assert_close(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (3, 0), (2, 0, 0)])
+def test_rank_and_condition_number_of_empty_matrices_stay_on_the_gpu(emu, shape):
+    """For an empty matrix linalg_matrix_rank and linalg_cond return `at::zeros(shape, input.options())` without an op;
+    on a CPU build those options name the host, on a GPU the result is a GPU tensor."""
+    matrix = torch.zeros(shape, device="cuda:2")
+    for result, expected in ((torch.linalg.matrix_rank(matrix), torch.linalg.matrix_rank(torch.zeros(shape))),
+                             (torch.linalg.matrix_rank(matrix, hermitian=True, atol=0.5),
+                              torch.linalg.matrix_rank(torch.zeros(shape), hermitian=True, atol=0.5))):
+        assert result.device == torch.device("cuda", 2)
+        assert torch.equal(result.cpu(), expected)
+    if shape[-1] == shape[-2]:
+        condition = torch.linalg.cond(matrix)
+        assert condition.device == torch.device("cuda", 2)
+        assert torch.equal(condition.cpu(), torch.linalg.cond(torch.zeros(shape)))

@@ -120,12 +120,12 @@ def _append(path: Path, code: str) -> int:
 
 
 def test_an_upward_import_is_named(course_copy):
-    line = _append(course_copy / "machine" / "costs.py", "from course.lessons.ranks import run_threads\n")
-    upward = f"course/machine/costs.py:{line}: upward import of course.lessons.ranks (lessons) from machine"
+    line = _append(course_copy / "machine" / "costs.py", "from course.lessons.ddp_timing import simulate_ddp_step\n")
+    upward = f"course/machine/costs.py:{line}: upward import of course.lessons.ddp_timing (lessons) from machine"
     problems = violations(course_copy)
     assert problems[0] == upward
-    # ranks needs the emulator, which needs costs: the same import also closes cycles, named through it
-    assert problems[1:] and all(f"course.machine.costs -> course.lessons.ranks (line {line})" in p
+    # ddp_timing needs the emulator and costs: the same import also closes cycles, named through it
+    assert problems[1:] and all(f"course.machine.costs -> course.lessons.ddp_timing (line {line})" in p
                                 for p in problems[1:]), problems
 
 

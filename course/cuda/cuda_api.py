@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, graphs, rng, sharing
+from course.cuda import cuda_bindings, graphs, rng, sharing, wall_clock
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.machine.memory import DeviceMemory
@@ -288,6 +288,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 def synchronize(device=None) -> None:
     _emu().clock.synchronize([_index(device)])
+    wall_clock.note_if_wall_clock()
 
 
 def _sleep(cycles: int) -> None:

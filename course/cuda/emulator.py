@@ -6,10 +6,8 @@ emulator steps aside (unless `force=True`), so the same notebook measures the re
 """
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
-import types
 
 import torch
 import torch.cuda.comm
@@ -21,7 +19,8 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages)
+                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages,
+                         wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -131,12 +130,9 @@ class Emulator:
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
         self._patch(torch.nn.parallel._functions.Scatter, collectives.SCATTER_PATCHES)
-        # parallel_apply's worker threads must run inside the emulator too (modes are per thread).
-        self._patch(importlib.import_module("torch.nn.parallel.parallel_apply"),
-                    {"threading": _EMULATED_THREADING})
-        # So does the DataLoader's pin-memory thread (pin_memory=True with worker processes).
-        self._patch(importlib.import_module("torch.utils.data.dataloader"), {"threading": _EMULATED_THREADING})
-        self._patch(threading.Thread, THREAD_PATCHES)  # and any other thread the program starts
+        # Every thread the program starts while the emulator runs runs inside it too (modes are per thread):
+        # parallel_apply's workers, the DataLoader's pin-memory thread, run_threads' ranks.
+        self._patch(threading.Thread, THREAD_PATCHES)
         for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
             self._patch(target, replacements)
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
@@ -147,6 +143,8 @@ class Emulator:
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
+            self._patch(target, replacements)
+        for target, replacements in wall_clock.PATCHES:  # torch.utils.benchmark.Timer reads the simulated clock
             self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
         self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})
@@ -229,35 +227,6 @@ class Emulator:
         return plots.summary(self.trace)
 
 
-class EmulatedThread(threading.Thread):
-    """A thread that runs inside the active emulator, on a host timeline forked from its parent's."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._emulator = devices.active
-        self._start_host_ns = self._emulator.clock.host_ns
-        self._start_device = self._emulator.current_device()
-        self._end_host_ns = self._start_host_ns
-
-    def run(self) -> None:
-        emu = self._emulator
-        emu.clock.host_ns = self._start_host_ns
-        emu.set_current_device(self._start_device)
-        try:
-            with EmulatorMode():
-                super().run()
-        finally:
-            self._end_host_ns = emu.clock.host_ns
-
-    def join(self, timeout=None) -> None:
-        super().join(timeout)
-        if not self.is_alive():
-            clock = self._emulator.clock
-            clock.host_ns = max(clock.host_ns, self._end_host_ns)
-
-
-_EMULATED_THREADING = types.SimpleNamespace(Thread=EmulatedThread, Lock=threading.Lock, Event=threading.Event)
-
 _thread_start, _thread_bootstrap_inner, _thread_join = (threading.Thread.start, threading.Thread._bootstrap_inner,
                                                          threading.Thread.join)
 
@@ -267,7 +236,7 @@ def _start_thread(self) -> None:
     per GPU) runs inside it too, on a host timeline forked from its parent's. Its current device is 0, as CUDA's
     current device is per thread."""
     emu = devices.active
-    if emu is not None and not isinstance(self, EmulatedThread):
+    if emu is not None:
         self._course_emulator, self._course_host_ns = emu, emu.clock.host_ns
     _thread_start(self)
 

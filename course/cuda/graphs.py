@@ -8,8 +8,11 @@ thread: each aten op that touches an emulated GPU tensor is recorded; ops that w
 `copy_`, out=, the optimizer's foreach updates) wait for replay; ops that make new tensors run at capture too, so
 their results exist with the right shapes and memory, and at replay run again into those same tensors. Views,
 in-place views (`t_`) and allocations launch no kernel and are not recorded. Reading a value on the host while
-capturing raises CUDA's error. Replay is timed as the same kernels launched one by one (a real graph saves their
-launch overhead). `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
+capturing raises CUDA's error. Replay is timed as a GPU runs a graph: the host pays one graph launch
+(costs.HOST_GRAPH_LAUNCH_NS) instead of a launch per kernel, and the recorded kernels, copies and collectives run on
+the device as captured, each on the stream it was captured on (the capture stream's work on the stream replay is
+called on), after their inputs, and the replay stream then waits for all of them, as work queued after a graph
+launch waits for the whole graph. `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
 """
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ import torch.cuda.graphs
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from course.cuda import devices
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor
+from course.machine import costs
 
 _capturing = threading.local()
 
@@ -32,6 +37,13 @@ def is_current_stream_capturing() -> bool:
 
 def _on_gpu(tree) -> bool:
     return any(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in pytree.tree_leaves(tree))
+
+
+def _lane(tree) -> tuple[int, int]:
+    """(device, current stream) an op on these GPU tensors is queued on."""
+    device = next(t._device_index for t in pytree.tree_leaves(tree)
+                  if isinstance(t, EmulatedTensor) and t._device_index != CPU)
+    return device, devices.active.current_stream_id(device)
 
 
 def _written(func) -> set[str]:
@@ -84,16 +96,17 @@ class _Capture(TorchDispatchMode):
             return func(*args, **kwargs)  # no kernel: shapes and allocations are the host's work
         if _written(func):
             if all(r.alias_info is not None for r in func._schema.returns):
-                self.graph._ops.append((func, args, kwargs, None))
+                self.graph._ops.append((_lane((args, kwargs)), func, args, kwargs, None))
                 return _aliased_results(func, args, kwargs)
             # writes some arguments and makes new results (batch norm's running statistics): made at capture on
             # copies of what it writes, so the writes themselves wait for replay
             copied_args, copied_kwargs = _written_copied(func, args, kwargs)
             out = func(*copied_args, **copied_kwargs)
-            self.graph._ops.append((func, args, kwargs, out))
+            self.graph._ops.append((_lane((args, kwargs)), func, args, kwargs, out))
             return out
+        lane = _lane((args, kwargs))
         out = func(*args, **kwargs)
-        self.graph._ops.append((func, args, kwargs, out))
+        self.graph._ops.append((lane, func, args, kwargs, out))
         return out
 
 
@@ -106,14 +119,17 @@ class CUDAGraph:
     """`torch.cuda.CUDAGraph`: capture_begin/capture_end around the work, then replay() as often as needed."""
 
     def __init__(self, keep_graph: bool = False):
-        self._ops: list = []
+        self._ops: list = []  # (device, stream) it was queued on, op, arguments, results made at capture
         self._mode: _Capture | None = None
         self._captured = False
+        self._origin: tuple[int, int] | None = None  # the capture stream, whose work replays on replay's stream
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global", check_input_liveness: bool = False):
         if is_current_stream_capturing():
             raise RuntimeError("CUDA graph capture is already underway on this thread: captures cannot nest")
         self._ops, self._captured = [], False
+        emu = devices.active
+        self._origin = (emu.current_device(), emu.current_stream_id(emu.current_device()))
         self._mode = _Capture(self)
         self._mode.__enter__()
         _capturing.graph = self
@@ -127,20 +143,39 @@ class CUDAGraph:
         pass  # nothing to build: replay runs the recorded ops
 
     def replay(self) -> None:
+        """One graph launch on the host; the recorded work queued at once, on the device as captured."""
         if not self._captured:
             raise RuntimeError("CUDAGraph.replay: the graph has not been captured (capture_end was not called)")
+        emu = devices.active
+        clock = emu.clock
+        issued = clock.host_ns + costs.HOST_GRAPH_LAUNCH_NS
+        origin_device = self._origin[0]
+        replay_lane = (origin_device, emu.current_stream_id(origin_device))
+        lanes = {replay_lane}
         with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
-            for func, args, kwargs, out in self._ops:
-                self._run(func, args, kwargs, out)
+            for (device, stream), func, args, kwargs, out in self._ops:
+                lane = replay_lane if (device, stream) == self._origin else (device, stream)
+                lanes.add(lane)
+                current = emu.current_stream_id(device)
+                emu.set_current_stream(device, lane[1])
+                clock.issue_at(issued)
+                try:
+                    self._run(func, args, kwargs, out)
+                finally:
+                    emu.set_current_stream(device, current)
+        clock.host_ns = issued
+        clock.join_lanes(replay_lane, lanes)
 
     @staticmethod
     def _run(func, args, kwargs, out) -> None:
+        """Run a recorded op again; results it makes land in the tensors made at capture, ready when it ends."""
         fresh = func(*args, **kwargs)
         if out is None:
             return
         for static, new in zip(pytree.tree_leaves(out), pytree.tree_leaves(fresh)):
             if isinstance(static, EmulatedTensor) and isinstance(new, EmulatedTensor):
                 torch.ops.aten.copy_.default(static._inner, new._inner)
+                static._block.ready_ns = max(static._block.ready_ns, new.ready_ns)
 
     def reset(self) -> None:
         self._ops, self._captured = [], False

@@ -9,7 +9,10 @@ refused (`nn.MultiheadAttention(add_zero_attn=True)`, `F.fractional_max_pool2d` 
 For those functions the handler runs a copy of PyTorch's own function whose check answers "nothing to hand
 over", with the emulator's mode back on: the body runs op by op as if the learner had written it, so its tensors
 are made on the emulated GPU. Which functions need it is read from their code at import: those that read a
-`.device` in their body or in a module-level helper they call.
+`.device` in their body or in a module-level helper they call, and those that ask
+`torch.are_deterministic_algorithms_enabled()`: on CUDA tensors in deterministic mode they run one of
+torch._decomp's decompositions instead (`F.interpolate` in the linear modes, `F.pad(mode="replicate")`,
+`F.max_pool3d`), which makes its index tensors on the input's device.
 """
 from __future__ import annotations
 
@@ -82,7 +85,9 @@ def _needs_inlining(function, module) -> bool:
     a wrapper holding such functions."""
     if function.__globals__ is not vars(module):
         return any(_needs_inlining(inner, module) for inner in _closed_over(function))
-    return ("handle_torch_function" in _names(function.__code__) and _reads_a_device(function, module, set()))
+    names = _names(function.__code__)
+    return "handle_torch_function" in names and (
+        "are_deterministic_algorithms_enabled" in names or _reads_a_device(function, module, set()))
 
 
 def handlers(mode_type) -> dict:

@@ -291,6 +291,16 @@ def _grad_of(outputs, inputs, *args, **kwargs):
     return tuple(on_gradient_device(g, t) for g, t in zip(gradients, inputs))
 
 
+def _empty_result_on_device(function):
+    """`torch.linalg.matrix_rank` / `cond`: for an empty matrix their C++ returns `at::zeros(shape, input.options())`
+    without running an op, a plain CPU tensor on a CPU build; on a GPU it is a GPU tensor (see `on_gradient_device`)."""
+
+    def run(input, *args, **kwargs):
+        with torch._C.DisableTorchFunctionSubclass():
+            return on_gradient_device(function(input, *args, **kwargs), input)
+    return run
+
+
 def _lengths_read_on_host(ctc_loss):
     """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
     them on the host (LossCTC.cpp), as the list overload called here does."""
@@ -352,6 +362,8 @@ _HANDLERS = {
     torch.Tensor.data.__set__: _set_data,
     torch.Tensor.grad.__get__: _grad,
     torch.autograd.grad: _grad_of,
+    torch.linalg.matrix_rank: _empty_result_on_device(torch.linalg.matrix_rank),
+    torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,

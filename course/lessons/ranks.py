@@ -143,14 +143,9 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str 
 
 
 def _rank_thread(target, rank: int) -> threading.Thread:
-    """A rank's thread: inside the emulator when one is active, so the rank can use its GPUs."""
-    from course.cuda import devices
-
-    if devices.active is None:
-        return threading.Thread(target=target, args=(rank,), name=f"rank {rank}", daemon=True)
-    from course.cuda.emulator import EmulatedThread
-
-    return EmulatedThread(target=target, args=(rank,), name=f"rank {rank}", daemon=True)
+    """A rank's thread; started while an emulator runs, it runs inside it (course/cuda/emulator.py, THREAD_PATCHES),
+    so the rank can use its GPUs, starting on device 0 as a fresh process does."""
+    return threading.Thread(target=target, args=(rank,), name=f"rank {rank}", daemon=True)
 
 
 # -- ranks as processes ---------------------------------------------------------------------------

@@ -76,6 +76,17 @@ class Clock:
         """When every stream of the device has finished its queued work."""
         return max((t for (d, _), t in self.stream_ready_ns.items() if d == device), default=0)
 
+    def issue_at(self, host_ns: int) -> None:
+        """Set this thread's host time so that its next launch is issued at `host_ns` and costs the host nothing: work
+        that one CUDA graph launch queued all at once (course/cuda/graphs.py)."""
+        self.host_ns = host_ns - self.host_launch_ns - self._python_ns()
+
+    def join_lanes(self, lane: tuple[int, int], others) -> None:
+        """Work queued on `lane` from now on waits for everything queued on `others`, as work after a graph launch
+        waits for the whole graph, whichever streams its branches ran on."""
+        with self.lock:
+            self.stream_ready_ns[lane] = max(self.stream_ready(*other) for other in {lane, *others})
+
     def launch(
         self,
         kind: str,

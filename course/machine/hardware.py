@@ -37,6 +37,15 @@ HOST_MODULE_CALL_US = 2.2
 # Face Qwen-2.5-7B decode on an H100 and an L4).
 HOST_MODULE_OP_US = 5.3
 
+# `CUDAGraph.replay()` queues a whole captured graph with one cudaGraphLaunch on the current stream (PyTorch's
+# aten/src/ATen/cuda/CUDAGraph.cpp), in place of a host launch per kernel: "these overhead costs can be paid once for
+# the entire graph during instantiation, and the graph itself can then be launched repeatedly with very little
+# overhead" (CUDA Programming Guide, CUDA Graphs, https://docs.nvidia.com/cuda/cuda-programming-guide/04-special-topics/
+# cuda-graphs.html). CUDA.jl's documentation measures it (https://cuda.juliagpu.org/dev/usage/graphs/): 10 RK4 steps of
+# a small ODE, 80 broadcast kernels, take 260 us launched one by one and 70 us as one graph, "with only 3.5 us of CPU
+# time". The Python call into `replay()` is not counted in that (assumption: it is small beside the launch itself).
+HOST_GRAPH_LAUNCH_US = 3.5
+
 # `Tensor.pin_memory()` copies a pageable tensor into page-locked memory: a memcpy on the host, before any
 # transfer starts. PyTorch's tutorial on pinned memory (https://docs.pytorch.org/tutorials/intermediate/
 # pinmem_nonblock.html) measures `t.pin_memory().to(device, non_blocking=True)` up to twice as slow as a plain
