@@ -1,17 +1,21 @@
 // A spike, not the emulator: CUDA-keyed tensors over host memory in a CPU-only PyTorch build, to measure the per-op
 // cost of emulating GPUs below Python dispatch (benchmarks/cuda_key_floor.py loads it and prints the ratios).
-// - an allocator (host memory, counted per device in mode 1) and the two factory kernels CUDA tensors are born from;
+// - an allocator (host memory labelled cuda:i, counted per device in mode 1) and the two factory kernels;
 // - a DeviceGuardImpl for CUDA (current device per thread, one default stream): the Python bindings use one, and the
 //   autograd engine starts one worker thread per device it reports, so it must be registered before any backward;
-// - a boxed fallback for the CUDA key: every CUDA tensor argument becomes a CPU tensor over the same StorageImpl,
+// - a boxed fallback for the CUDA key: every CUDA tensor argument becomes a CPU tensor over the same memory,
 //   the op is redispatched to the CPU kernel, and outputs become CUDA tensors again (views share the storage,
-//   in-place and out= give back the caller's tensor; storage stays labelled cpu, only the TensorImpl says cuda:i).
+//   in-place and out= give back the caller's tensor, fresh results have their storage relabelled cuda:i).
 // Mode 0 does only that; mode 1 also keeps per-device allocated/peak bytes and appends (op, device, stream, input
 // shapes) to a C++ vector; mode 2 instead calls a Python function per op, as a ledger kept in Python would.
 #include <ATen/EmptyTensor.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <c10/core/CPUAllocator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -42,55 +46,35 @@ void count(int device, int64_t bytes) {
   }
 }
 
-struct Owner {  // context of a counted DataPtr: what frees the memory, and what it counted
-  c10::DataPtr host;  // a CPU kernel's fresh result, or our own allocation
+struct Owner {  // context of every cuda:i DataPtr: the host memory it labels, and what it counted
+  c10::DataPtr host;
   int64_t bytes;
   int device;
+  bool counted;
 };
 
 void release(void* context) {
   auto* owner = static_cast<Owner*>(context);
-  count(owner->device, -owner->bytes);
+  if (owner->counted) count(owner->device, -owner->bytes);
   delete owner;  // frees `host`
 }
 
-c10::DataPtr counted(c10::DataPtr host, int64_t bytes, int device) {
-  count(device, bytes);
+// Host memory labelled cuda:i: a CUDA tensor's storage says cuda:i, as torch.save and untyped_storage() read it.
+c10::DataPtr on_device(c10::DataPtr host, int64_t bytes, int device) {
   void* data = host.get();
-  return c10::DataPtr(data, new Owner{std::move(host), bytes, device}, &release, c10::Device(c10::kCPU));
+  bool counting = g_mode == 1;
+  if (counting) count(device, bytes);
+  return c10::DataPtr(data, new Owner{std::move(host), bytes, device, counting}, &release,
+                      c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
-// Storage stays labelled cpu: CPU kernels make views of their arguments from the storage's device, and those must be
-// CPU tensors. Only the TensorImpl says cuda:i (CudaImpl below).
-struct HostAllocator final : c10::Allocator {
+struct HostAsCudaAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    auto host = c10::GetCPUAllocator()->allocate(n);
-    return g_mode == 1 ? counted(std::move(host), static_cast<int64_t>(n), t_current_device) : std::move(host);
+    return on_device(c10::GetCPUAllocator()->allocate(n), static_cast<int64_t>(n), t_current_device);
   }
   void copy_data(void* dest, const void* src, std::size_t n) const override { std::memcpy(dest, src, n); }
 };
-HostAllocator g_allocator;
-
-// A CUDA tensor: CUDA dispatch keys, device cuda:i, host storage. (device_opt_ is protected, hence a subclass;
-// shallow copies, as detach() and nn.Parameter make, copy the device.)
-struct CudaImpl final : c10::TensorImpl {
-  CudaImpl(const c10::Storage& storage, caffe2::TypeMeta dtype, c10::DeviceIndex device)
-      : c10::TensorImpl(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype) {
-    device_opt_ = c10::Device(c10::kCUDA, device);
-  }
-};
-
-at::Tensor as_cuda(const at::Tensor& host, c10::DeviceIndex device) {
-  auto* storage = host.storage().unsafeGetStorageImpl();
-  if (g_mode == 1 && storage->data_ptr().get_deleter() != &release) {  // a CPU kernel's fresh result: count it
-    int64_t bytes = static_cast<int64_t>(storage->nbytes());
-    storage->set_data_ptr_noswap(counted(storage->set_data_ptr(c10::DataPtr()), bytes, device));
-    storage->set_allocator(&g_allocator);
-  }
-  auto out = at::Tensor(c10::make_intrusive<CudaImpl>(host.storage(), host.dtype(), device));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
-  return out;
-}
+HostAsCudaAllocator g_allocator;
 
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
   return device && device->has_index() ? device->index() : t_current_device;
@@ -101,21 +85,21 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<at::MemoryFormat> memory_format) {
   c10::DeviceIndex saved = t_current_device, index = device_of(device);
   t_current_device = index;
-  at::Tensor host = at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                              dtype.value_or(at::get_default_dtype_as_scalartype()), memory_format);
+  at::Tensor out = at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                             dtype.value_or(at::get_default_dtype_as_scalartype()), memory_format);
   t_current_device = saved;
-  return as_cuda(host, index);
+  return out;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
   c10::DeviceIndex saved = t_current_device, index = device_of(device);
   t_current_device = index;
-  at::Tensor host = at::detail::empty_strided_generic(size, stride, &g_allocator,
-                                                      c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                      dtype.value_or(at::get_default_dtype_as_scalartype()));
+  at::Tensor out = at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                                     c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                                     dtype.value_or(at::get_default_dtype_as_scalartype()));
   t_current_device = saved;
-  return as_cuda(host, index);
+  return out;
 }
 
 // ---- device guard: what torch.cuda.device, the Python arg parser and the autograd engine ask for ----
@@ -205,11 +189,31 @@ const OpInfo& info(const c10::OperatorHandle& op) {
               "! (in ", op.schema().operator_name(), ")");
 }
 
+// A CPU tensor over a CUDA tensor's memory, with its own StorageImpl: CPU kernels make views of their arguments from
+// the storage (whose device they take), and may resize it (out=), which the CUDA tensor then takes over.
+at::Tensor host_alias(const at::Tensor& cuda) {
+  const c10::Storage& storage = cuda.storage();
+  auto impl = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)), c10::GetCPUAllocator(), true);
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(impl)),
+                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), cuda.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(cuda.sizes(), cuda.strides(), cuda.storage_offset());
+  return alias;
+}
+
+at::Tensor cuda_over(const c10::Storage& storage, const at::Tensor& like) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                                      like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return out;
+}
+
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const OpInfo& about = info(op);
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
-  std::vector<std::pair<at::Tensor, at::Tensor>> aliases;  // (cuda original, its host alias)
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> aliases;  // (cuda original, its host alias)
   int device = -1;
   bool host_tensor = false;
   size_t shapes_begin = g_shapes.size();
@@ -225,11 +229,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
       g_shapes.insert(g_shapes.end(), t.sizes().begin(), t.sizes().end());
       g_shapes.push_back(-1);
     }
-    auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()),
-                                                          c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-    alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    aliases.emplace_back(t, alias);
-    return alias;
+    aliases.emplace_back(t, host_alias(t));
+    return aliases.back().second;
   };
   for (size_t i = first; i < stack->size(); ++i) {
     auto& arg = (*stack)[i];
@@ -265,8 +266,16 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
-  if (!about.written.empty()) {  // an out= tensor the CPU kernel resized: the caller's tensor follows
+  if (!about.written.empty()) {  // out= and in-place: the caller's tensor follows what the CPU kernel did
     for (auto& [cuda, alias] : aliases) {
+      auto* host = alias.storage().unsafeGetStorageImpl();
+      auto* mine = cuda.storage().unsafeGetStorageImpl();
+      if (host->data_ptr().get() != mine->data_ptr().get()) {  // resized into new memory
+        int64_t bytes = static_cast<int64_t>(host->nbytes());
+        mine->set_data_ptr_noswap(on_device(host->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))),
+                                            bytes, device));
+        mine->set_nbytes(bytes);
+      }
       auto* a = alias.unsafeGetTensorImpl();
       if (a->sizes() != cuda.sizes() || a->strides() != cuda.strides() ||
           a->storage_offset() != cuda.storage_offset()) {
@@ -276,10 +285,18 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   }
   auto to_cuda = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined() || t.is_cuda()) return t;
-    for (auto& [cuda, alias] : aliases) {  // in-place, out=
-      if (alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return cuda;
+    for (auto& [cuda, alias] : aliases) {
+      if (alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return cuda;  // in-place, out=
+      if (alias.storage().is_alias_of(t.storage())) return cuda_over(cuda.storage(), t);  // a view
     }
-    return as_cuda(t, static_cast<c10::DeviceIndex>(device));
+    auto* storage = t.storage().unsafeGetStorageImpl();
+    if (storage->device_type() != c10::kCUDA) {  // a fresh result: its storage becomes cuda:i memory
+      int64_t bytes = static_cast<int64_t>(storage->nbytes());
+      storage->set_data_ptr_noswap(on_device(storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))),
+                                             bytes, device));
+      storage->set_allocator(&g_allocator);
+    }
+    return cuda_over(t.storage(), t);
   };
   const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
@@ -293,6 +310,38 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   }
 }
 
+// ---- attention: CUDA's scaled_dot_product_attention asks a DispatchStub which fused kernel to run, and the CPU build
+// has none for CUDA, so it would decompose (the math path) where the CPU runs its flash kernel. The choice is made by
+// the CPU's rule, and CUDA's flash op runs the CPU's flash kernel. CUDA's flash path takes no mask, so with a mask
+// the math path runs (as on a GPU whose flash kernel cannot take it).
+int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                   double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  constexpr int64_t kMath = 0, kFlash = 1;
+  if (mask.has_value() && mask->defined()) return kMath;
+  return at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) == kFlash ? kFlash : kMath;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
+flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p, bool is_causal, bool,
+              std::optional<double> scale) {
+  auto [out, logsumexp] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, std::nullopt,
+                                                                          scale);
+  auto none = at::empty({0}, q.options());
+  return {out, logsumexp, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)), none, none, none};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
+    bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, logsumexp, dropout_p, is_causal,
+                                                                  std::nullopt, scale);
+}
+
+struct ChooseLikeCpu {
+  ChooseLikeCpu() { at::native::_fused_sdp_choice_stub.set_cuda_dispatch_ptr(&sdp_choice); }
+} choose_like_cpu;
+
 TORCH_LIBRARY_IMPL(_, CUDA, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
 
 TORCH_LIBRARY_IMPL(aten, CUDA, m) {
@@ -301,6 +350,37 @@ TORCH_LIBRARY_IMPL(aten, CUDA, m) {
   // copy_ is CompositeExplicitAutograd, which beats a backend fallback, and its body asks a CUDA DispatchStub the
   // CPU build does not have: send it through the fallback like any CPU kernel.
   m.impl("copy_", torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  m.impl("_scaled_dot_product_flash_attention", &flash_forward);
+  m.impl("_scaled_dot_product_flash_attention_backward", &flash_backward);
+}
+
+// Ops with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm, ...): the composite would win
+// over a fallback for the CUDA key and decompose where the CPU runs one kernel, giving different numbers. They get
+// the fallback as their CUDA kernel, so a CUDA tensor runs exactly what a CPU tensor runs.
+int64_t take_cpu_kernels() {
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  std::unordered_map<std::string, torch::Library*> by_namespace;
+  int64_t taken = 0;
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    auto op = dispatcher.findOp(name);
+    if (!op || !name.getNamespace() || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+      continue;
+    }
+    auto space = std::string(*name.getNamespace());
+    auto& library = by_namespace[space];
+    if (!library) {
+      libraries.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, space, c10::DispatchKey::CUDA,
+                                                           __FILE__, __LINE__));
+      library = libraries.back().get();
+    }
+    auto bare = name.name.substr(space.size() + 2);
+    auto full = name.overload_name.empty() ? bare : bare + "." + name.overload_name;
+    library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    ++taken;
+  }
+  return taken;
 }
 
 }  // namespace
@@ -315,7 +395,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     g_mode = mode;
     g_callback = callback;
   });
-  module.def("debug_hooks", []() { auto a = at::getAccelerator(false); return std::make_tuple(at::hasCUDA(), at::CUDAHooksRegistry()->Keys(), a ? c10::DeviceTypeName(*a) : std::string("none"), at::hasMTIA(), at::hasXPU(), at::hasMPS()); });
+  module.def("take_cpu_kernels", &take_cpu_kernels);
+  module.def("accelerator", []() {  // which accelerator torch decided it has: CUDA once the hooks came first
+    auto found = at::getAccelerator(false);
+    return found ? c10::DeviceTypeName(*found) : std::string("none");
+  });
   module.def("current_device", []() { return t_current_device; });
   module.def("set_device", [](int d) { t_current_device = static_cast<c10::DeviceIndex>(d); });
   module.def("memory", [](int d) { return std::make_pair(g_allocated[d].load(), g_peak[d].load()); });

@@ -1,0 +1,109 @@
+"""How fast could emulated GPUs be below Python dispatch? A spike for issue 14's overhead targets.
+
+benchmarks/overhead.py shows that a do-nothing Python tensor subclass alone costs more than the targets allow. This
+benchmark builds the alternative, cuda_key_floor.cpp: C++ kernels for the CUDA dispatch key of this CPU-only torch
+build, so tensors really are `cuda:i` to C++ (autograd, autocast) while their memory is host memory, and every op is
+aliased to the CPU kernel in C++. It times the same workloads as overhead.py, the same way (A B A B, medians), for
+  (a) the C++ backend doing nothing but alias and redispatch,
+  (b) (a) plus what an emulator must keep per op, in C++: bytes allocated per device (and the peak), and a record
+      of (op, device, stream, input shapes) appended to a C++ vector,
+  (c) (a) plus a Python function called per op with the op's name, device and input shapes (a ledger in Python),
+next to the Python-dispatch floor overhead.py measures.
+The extension's CUDA hooks must be registered before `import torch` asks for them (at::getAccelerator, which the
+autograd engine needs for a cuda gradient, is decided then), so this script compiles the extension in a child
+process and loads the library before importing torch. It builds into /tmp/cppfloor-build (CUDA_KEY_FLOOR_BUILD), never
+into the venv; the first run compiles for about 30 s.
+Run: PYTHONPATH=. python benchmarks/cuda_key_floor.py
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import subprocess
+import sys
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_key_floor.cpp")
+BUILD = os.environ.get("CUDA_KEY_FLOOR_BUILD", "/tmp/cppfloor-build")
+GPUS = 1  # as overhead.py's emulator runs
+
+
+def build() -> str:
+    """Compile (or find up to date) the extension in a child process, which may import torch; return the library."""
+    os.makedirs(BUILD, exist_ok=True)
+    code = ("import torch.utils.cpp_extension as ce; "
+            f"print(ce.load('cuda_key_floor', [{SOURCE!r}], build_directory={BUILD!r}, extra_cflags=['-O2']).__file__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def load(library: str):
+    """Load torch's libraries and then the extension's, so its CUDA hooks are registered before torch asks."""
+    torch_lib = os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib")
+    for name in ("libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so", library):
+        ctypes.CDLL(os.path.join(torch_lib, name), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    import torch
+    spec = importlib.util.spec_from_file_location("cuda_key_floor", library)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    if ext.accelerator() != "CUDA":
+        raise RuntimeError("torch decided its accelerator before the extension's CUDA hooks were registered")
+    ext.set_device_count(GPUS)
+    ext.take_cpu_kernels()
+    # What the emulator patches in Python too (course/cuda/cuda_api.py): the CPU build's torch.cuda asks bindings
+    # it does not have.
+    torch.cuda._lazy_init = lambda: None
+    torch.cuda.is_available = lambda: True
+    torch.cuda.is_initialized = lambda: True
+    torch.cuda.device_count = lambda: GPUS
+    torch.cuda.current_device = ext.current_device
+    torch.cuda.is_bf16_supported = lambda including_emulation=True: True
+    return ext
+
+
+def main() -> None:
+    ext = load(build())
+    import torch
+
+    from benchmarks.overhead import Passthrough, gpt_loop, load_average, ratios, report, tiny_op, with_mode
+
+    def mode(number, work, callback=None):
+        def run():
+            ext.set_mode(number, callback)
+            try:
+                return work()
+            finally:
+                ext.set_mode(0, None)
+                ext.clear_records()
+        return run
+
+    ledger = []
+
+    def in_python(name, device, shapes):  # what a ledger kept in Python is handed per op
+        ledger.append((name, device, shapes))
+        if len(ledger) > 100_000:
+            ledger.clear()
+
+    torch.set_num_threads(1)
+    print(f"{load_average()} (1, 5, 15 min) before")
+    plain_gpt = lambda: gpt_loop("cpu")  # noqa: E731
+    cuda_gpt = lambda: gpt_loop("cuda")  # noqa: E731
+    report("nanoGPT-sized, (a) C++ alias+redispatch", ratios(plain_gpt, mode(0, cuda_gpt)), "target <= 1.5x")
+    report("nanoGPT-sized, (b) (a) + C++ record", ratios(plain_gpt, mode(1, cuda_gpt)), "target <= 1.5x")
+    report("nanoGPT-sized, (c) (a) + Python callback", ratios(plain_gpt, mode(2, cuda_gpt, in_python)),
+           "target <= 1.5x")
+    floor_gpt = lambda: gpt_loop("cpu", Passthrough)  # noqa: E731
+    report("nanoGPT-sized, do-nothing subclass + mode", ratios(plain_gpt, with_mode(floor_gpt)),
+           "Python-dispatch floor")
+    plain_add = lambda: tiny_op("cpu")  # noqa: E731
+    cuda_add = lambda: tiny_op("cuda")  # noqa: E731
+    report("x + 1, (a) C++ alias+redispatch", ratios(plain_add, mode(0, cuda_add)), "target <= 5x")
+    report("x + 1, (b) (a) + C++ record", ratios(plain_add, mode(1, cuda_add)), "target <= 5x")
+    report("x + 1, (c) (a) + Python callback", ratios(plain_add, mode(2, cuda_add, in_python)), "target <= 5x")
+    floor_add = lambda: tiny_op("cpu", Passthrough)  # noqa: E731
+    report("x + 1, do-nothing subclass + mode", ratios(plain_add, with_mode(floor_add)), "Python-dispatch floor")
+    print(f"{load_average()} after")
+
+
+if __name__ == "__main__":
+    main()
