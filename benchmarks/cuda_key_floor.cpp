@@ -14,6 +14,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/set_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <c10/core/CPUAllocator.h>
@@ -26,6 +27,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 
 namespace {
@@ -75,6 +77,7 @@ struct HostAsCudaAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t n) const override { std::memcpy(dest, src, n); }
 };
 HostAsCudaAllocator g_allocator;
+REGISTER_ALLOCATOR(c10::kCUDA, &g_allocator)  // storages made from Python: torch.UntypedStorage(n, device="cuda")
 
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
   return device && device->has_index() ? device->index() : t_current_device;
@@ -160,7 +163,8 @@ struct Record {
 };
 std::vector<Record> g_records;
 std::vector<int64_t> g_shapes;
-py::object g_callback;  // mode 2
+// Mode 2's Python function. Never destroyed: a static py::object would be released after the interpreter is gone.
+auto& g_callback = *new py::object();
 
 // What the fallback needs to know about an op, looked up once per operator.
 struct OpInfo {
@@ -168,8 +172,10 @@ struct OpInfo {
   std::vector<size_t> written;  // argument positions the op may resize (out=, in-place)
 };
 std::unordered_map<const c10::FunctionSchema*, OpInfo> g_ops;
+std::mutex g_lock;  // ops run from several threads (autograd's device threads, rank threads): guards g_ops and records
 
 const OpInfo& info(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> hold(g_lock);
   auto& schema = op.schema();
   auto found = g_ops.find(&schema);
   if (found != g_ops.end()) return found->second;
@@ -216,7 +222,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> aliases;  // (cuda original, its host alias)
   int device = -1;
   bool host_tensor = false;
-  size_t shapes_begin = g_shapes.size();
+  c10::SmallVector<int64_t, 16> shapes;  // mode 1: each CUDA input's dims, then -1
   auto host_of = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined()) return t;
     if (!t.is_cuda()) {
@@ -224,10 +230,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
       return t;
     }
     if (device < 0) device = t.get_device();
-    else if (device != t.get_device()) two_devices(op, c10::Device(c10::kCUDA, device), t.device());
+    else if (device != t.get_device() && !about.crosses_devices) {
+      two_devices(op, c10::Device(c10::kCUDA, device), t.device());
+    }
     if (g_mode == 1) {
-      g_shapes.insert(g_shapes.end(), t.sizes().begin(), t.sizes().end());
-      g_shapes.push_back(-1);
+      shapes.append(t.sizes().begin(), t.sizes().end());
+      shapes.push_back(-1);
     }
     aliases.emplace_back(t, host_alias(t));
     return aliases.back().second;
@@ -255,13 +263,16 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
     two_devices(op, c10::Device(c10::kCUDA, device), c10::Device(c10::kCPU));
   }
   if (g_mode == 1) {
-    g_records.push_back({&op.schema().operator_name(), static_cast<int8_t>(device), 0,
-                         static_cast<uint32_t>(shapes_begin), static_cast<uint32_t>(g_shapes.size())});
+    std::lock_guard<std::mutex> hold(g_lock);
+    auto begin = static_cast<uint32_t>(g_shapes.size());
+    g_shapes.insert(g_shapes.end(), shapes.begin(), shapes.end());
+    g_records.push_back({&op.schema().operator_name(), static_cast<int8_t>(device), 0, begin,
+                         static_cast<uint32_t>(g_shapes.size())});
   } else if (g_mode == 2) {
     py::gil_scoped_acquire gil;
-    py::tuple shapes(aliases.size());
-    for (size_t i = 0; i < aliases.size(); ++i) shapes[i] = py::cast(aliases[i].first.sizes().vec());
-    g_callback(op.schema().name(), device, shapes);
+    py::tuple inputs(aliases.size());
+    for (size_t i = 0; i < aliases.size(); ++i) inputs[i] = py::cast(aliases[i].first.sizes().vec());
+    g_callback(op.schema().name(), device, inputs);
   }
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
@@ -350,6 +361,9 @@ TORCH_LIBRARY_IMPL(aten, CUDA, m) {
   // copy_ is CompositeExplicitAutograd, which beats a backend fallback, and its body asks a CUDA DispatchStub the
   // CPU build does not have: send it through the fallback like any CPU kernel.
   m.impl("copy_", torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  // torch.load rebuilds a tensor by set_() onto a cuda storage: the CPU kernel does it, without aliasing either.
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(at::native::set_storage_cpu_));
+  m.impl("set_.source_Storage", TORCH_FN(at::native::set_));
   m.impl("_scaled_dot_product_flash_attention", &flash_forward);
   m.impl("_scaled_dot_product_flash_attention_backward", &flash_backward);
 }
@@ -358,7 +372,8 @@ TORCH_LIBRARY_IMPL(aten, CUDA, m) {
 // over a fallback for the CUDA key and decompose where the CPU runs one kernel, giving different numbers. They get
 // the fallback as their CUDA kernel, so a CUDA tensor runs exactly what a CPU tensor runs.
 int64_t take_cpu_kernels() {
-  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  // Never destroyed: at exit the dispatcher may be gone before a static Library would deregister from it.
+  static auto& libraries = *new std::vector<std::unique_ptr<torch::Library>>();
   auto& dispatcher = c10::Dispatcher::singleton();
   std::unordered_map<std::string, torch::Library*> by_namespace;
   int64_t taken = 0;

@@ -50,6 +50,10 @@ def load(library: str):
         raise RuntimeError("torch decided its accelerator before the extension's CUDA hooks were registered")
     ext.set_device_count(GPUS)
     ext.take_cpu_kernels()
+    # Backward of cuda tensors on the calling thread, as for CPU ones. With autograd's per-device worker threads the
+    # process aborts at exit (a worker drops its last graph task after the interpreter is finalized). Per thread:
+    # rank threads must set it too.
+    torch._C._set_multithreading_enabled(False)
     # What the emulator patches in Python too (course/cuda/cuda_api.py): the CPU build's torch.cuda asks bindings
     # it does not have.
     torch.cuda._lazy_init = lambda: None
@@ -65,7 +69,8 @@ def main() -> None:
     ext = load(build())
     import torch
 
-    from benchmarks.overhead import Passthrough, gpt_loop, load_average, ratios, report, tiny_op, with_mode
+    from benchmarks.overhead import (REPEATS, Passthrough, gpt_loop, load_average, ratios, report, tiny_op,
+                                     with_mode)
 
     def mode(number, work, callback=None):
         def run():
@@ -86,6 +91,11 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print(f"{load_average()} (1, 5, 15 min) before")
+    ext.set_mode(1, None)
+    gpt_loop("cuda")
+    print(f"nanoGPT-sized: {len(ext.records()) // 10} ops per training step reach the CUDA kernels (C++ record)")
+    ext.set_mode(0, None)
+    ext.clear_records()
     plain_gpt = lambda: gpt_loop("cpu")  # noqa: E731
     cuda_gpt = lambda: gpt_loop("cuda")  # noqa: E731
     report("nanoGPT-sized, (a) C++ alias+redispatch", ratios(plain_gpt, mode(0, cuda_gpt)), "target <= 1.5x")
@@ -102,6 +112,11 @@ def main() -> None:
     report("x + 1, (c) (a) + Python callback", ratios(plain_add, mode(2, cuda_add, in_python)), "target <= 5x")
     floor_add = lambda: tiny_op("cpu", Passthrough)  # noqa: E731
     report("x + 1, do-nothing subclass + mode", ratios(plain_add, with_mode(floor_add)), "Python-dispatch floor")
+    # Per-op cost in microseconds, the fastest of several runs (least disturbed by other jobs on a shared machine).
+    per_op = {name: min(work() for _ in range(REPEATS)) / 2000 * 1e6 for name, work in [
+        ("plain", plain_add), ("(a)", mode(0, cuda_add)), ("(b)", mode(1, cuda_add)),
+        ("(c)", mode(2, cuda_add, in_python)), ("floor", with_mode(floor_add))]}
+    print("x + 1, microseconds per op (fastest run): " + ", ".join(f"{k} {v:.2f}" for k, v in per_op.items()))
     print(f"{load_average()} after")
 
 
