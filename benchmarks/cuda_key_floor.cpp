@@ -368,19 +368,36 @@ TORCH_LIBRARY_IMPL(aten, CUDA, m) {
   m.impl("_scaled_dot_product_flash_attention_backward", &flash_backward);
 }
 
-// Ops with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm, ...): the composite would win
-// over a fallback for the CUDA key and decompose where the CPU runs one kernel, giving different numbers. They get
-// the fallback as their CUDA kernel, so a CUDA tensor runs exactly what a CPU tensor runs.
+// A kernel for the CUDA key beats a CompositeExplicitAutograd one, and that one beats a backend fallback. Composite
+// kernels branch on the device (_convolution picks its algorithm, native_layer_norm decomposes where the CPU has a
+// kernel), so left to them a CUDA tensor would give other numbers than a CPU one. Every op with a CPU kernel or an
+// explicit composite gets the fallback as its CUDA kernel, so a CUDA tensor runs exactly what a CPU tensor runs;
+// except ops that take a device (factories, to()), whose composite must see cuda, and the copies.
+bool takes_device(const c10::FunctionSchema& schema) {
+  for (const auto& argument : schema.arguments()) {
+    auto type = argument.type();
+    if (auto optional = type->castRaw<c10::OptionalType>()) type = optional->getElementType();
+    if (type->kind() == c10::TypeKind::DeviceObjType || type->kind() == c10::TypeKind::StorageType) return true;
+  }
+  return false;
+}
+
 int64_t take_cpu_kernels() {
   // Never destroyed: at exit the dispatcher may be gone before a static Library would deregister from it.
   static auto& libraries = *new std::vector<std::unique_ptr<torch::Library>>();
+  static const std::vector<std::string> copies = {"aten::_to_copy", "aten::_copy_from", "aten::_copy_from_and_resize",
+                                                  "aten::lift_fresh", "aten::lift", "aten::lift_fresh_copy"};
   auto& dispatcher = c10::Dispatcher::singleton();
   std::unordered_map<std::string, torch::Library*> by_namespace;
   int64_t taken = 0;
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findOp(name);
-    if (!op || !name.getNamespace() || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+    if (!op || !name.getNamespace() || op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) continue;
+    bool cpu = op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
+    bool composite = op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+                     op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+    if (!(cpu || (composite && !takes_device(op->schema()))) ||
+        std::find(copies.begin(), copies.end(), name.name) != copies.end()) {
       continue;
     }
     auto space = std::string(*name.getNamespace());
