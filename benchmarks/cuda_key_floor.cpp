@@ -1,31 +1,32 @@
 // A spike, not the emulator: CUDA-keyed tensors over host memory in a CPU-only PyTorch build, to measure the per-op
 // cost of emulating GPUs below Python dispatch (benchmarks/cuda_key_floor.py loads it and prints the ratios).
 // - an allocator (host memory labelled cuda:i, counted per device in mode 1) and the two factory kernels;
-// - a DeviceGuardImpl for CUDA (current device per thread, one default stream): the Python bindings use one, and the
-//   autograd engine starts one worker thread per device it reports, so it must be registered before any backward;
+// - a DeviceGuardImpl for CUDA (current device per thread, one default stream), which the Python bindings and the
+//   autograd engine use, and CUDA hooks (at::hasCUDA, the "current accelerator" the engine asks for a cuda gradient);
 // - a boxed fallback for the CUDA key: every CUDA tensor argument becomes a CPU tensor over the same memory,
 //   the op is redispatched to the CPU kernel, and outputs become CUDA tensors again (views share the storage,
-//   in-place and out= give back the caller's tensor, fresh results have their storage relabelled cuda:i).
+//   in-place and out= give back the caller's tensor, fresh results have their storage relabelled cuda:i). It is
+//   also registered as the CUDA kernel of every op the CPU runs directly, so the numbers are the CPU's exactly;
+// - scaled_dot_product_attention choosing and running the CPU's flash kernel, as it does for CPU tensors.
 // Mode 0 does only that; mode 1 also keeps per-device allocated/peak bytes and appends (op, device, stream, input
 // shapes) to a C++ vector; mode 2 instead calls a Python function per op, as a ledger kept in Python would.
-#include <ATen/EmptyTensor.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/DeviceAccelerator.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
-#include <ATen/ops/set_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/set_native.h>
 #include <c10/core/CPUAllocator.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
