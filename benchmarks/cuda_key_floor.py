@@ -65,6 +65,36 @@ def load(library: str):
     return ext
 
 
+def check() -> None:
+    """What the timed backend computes: three AdamW steps of the nanoGPT-sized model on cuda against the CPU (losses,
+    gradients and parameters bit for bit), and the dtype of a matmul under autocast on cuda."""
+    import torch
+
+    from benchmarks.overhead import TinyGPT
+
+    def train(device):
+        torch.manual_seed(0)
+        model = TinyGPT().to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        idx, targets = (torch.randint(0, 65, (16, 32)).to(device) for _ in range(2))
+        losses = []
+        for _ in range(3):
+            loss = model(idx, targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses, [t.cpu() for p in model.parameters() for t in (p.detach(), p.grad)]
+
+    (cpu_losses, cpu_tensors), (cuda_losses, cuda_tensors) = train("cpu"), train("cuda")
+    same = cpu_losses == cuda_losses and all(torch.equal(a, b) for a, b in zip(cpu_tensors, cuda_tensors))
+    x = torch.randn(8, 8, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        dtype = (x @ x).dtype
+    print(f"nanoGPT-sized, 3 AdamW steps on cuda: losses, grads and parameters equal plain CPU's: {same}; "
+          f"x @ x under autocast('cuda', bfloat16): {dtype}")
+
+
 def main() -> None:
     ext = load(build())
     import torch
@@ -90,6 +120,7 @@ def main() -> None:
             ledger.clear()
 
     torch.set_num_threads(1)
+    check()
     print(f"{load_average()} (1, 5, 15 min) before")
     ext.set_mode(1, None)
     gpt_loop("cuda")
