@@ -120,6 +120,8 @@ def _to(self, *args, **kwargs):
     else:
         device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
     result = self
+    if device is not None and not isinstance(device, int) and torch.device(device).type == "meta":
+        return _to_meta(self, dtype)
     if device is not None and not _sharded_and_on(self, parse_device(device)):
         result = move(result, parse_device(device), non_blocking)
     if dtype is not None and dtype != result.dtype:
@@ -129,6 +131,13 @@ def _to(self, *args, **kwargs):
     if kwargs.get("copy") and result is self:
         result = self.clone()
     return result
+
+
+def _to_meta(tensor, dtype):
+    """`gpu_tensor.to("meta")` (the base model of torch.func's ensembling tutorial): a shape-only tensor, as on a
+    GPU; it has no values for a gradient to carry back, so it is not tied to the tensor's graph."""
+    with torch._C.DisableTorchFunction():
+        return _unwrap(tensor).detach().to("meta", dtype)
 
 
 def _sharded_and_on(tensor, index) -> bool:
