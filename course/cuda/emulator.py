@@ -21,7 +21,8 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages)
+                         graphs, interception, kernels, legacy_types, module_calls, nccl, nested_fastpath, profiling,
+                         rpc, storages)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -142,6 +143,8 @@ class Emulator:
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
         # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
+        # TransformerEncoder's nested fast path, which PyTorch skips for tensor subclasses (nested_fastpath.py)
+        self._patch(torch.nn.TransformerEncoder, {"forward": nested_fastpath.encoder_forward})
         for target, replacements in module_calls.PATCHES:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
