@@ -484,3 +484,83 @@ def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
                            ([[1.0, scalar], [2.0, scalar]], [[1.0, 3.5], [2.0, 3.5]])]:
         made = torch.tensor(data, device="cuda:1")
         assert made.device == torch.device("cuda", 1) and made.tolist() == expected
+
+
+def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):
+    """torch.func's ensembling tutorial: stack_module_state of GPU models, a copy of one moved to 'meta' as the
+    stateless base, vmap over functional_call; each slice is that model's own output."""
+    import copy
+    from torch.func import functional_call, stack_module_state, vmap
+    torch.manual_seed(0)
+    models = [nn.Linear(4, 3).to("cuda") for _ in range(3)]
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    assert base.weight.is_meta and base.weight.shape == (3, 4)
+    x = torch.randn(5, 4, device="cuda")
+    out = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+    assert out.device == torch.device("cuda", 0)
+    for i, m in enumerate(models):
+        torch.testing.assert_close(out[i].cpu(), (x.cpu() @ m.weight.detach().cpu().T + m.bias.detach().cpu()))
+    assert torch.ones(2, device="cuda").to("meta", torch.float16).dtype == torch.float16
+
+
+def test_forward_mode_jacobians_of_gpu_functions_match_the_cpu(emu):
+    """jvp, jacfwd and hessian capture GPU tensors whose zero tangents PyTorch's C++ makes with the CPU device
+    of the emulated tensor underneath: they must join the GPU, and the numbers must be the CPU's."""
+    from torch.func import hessian, jacfwd, jacrev, jvp
+    torch.manual_seed(0)
+    w, x = torch.randn(4, 4), torch.randn(4)
+    wg, xg = w.to("cuda"), x.to("cuda")
+
+    def f(w, x):
+        return torch.tanh(w @ x).sin()
+
+    torch.testing.assert_close(jacfwd(lambda x: f(wg, x))(xg).cpu(), jacfwd(lambda x: f(w, x))(x))
+    torch.testing.assert_close(jacfwd(lambda x: f(wg, x))(xg).cpu(), jacrev(lambda x: f(wg, x))(xg).cpu())
+    torch.testing.assert_close(hessian(lambda x: f(wg, x).sum())(xg).cpu(), hessian(lambda x: f(w, x).sum())(x))
+    out, tangent = jvp(lambda x: f(wg, x), (xg,), (torch.ones_like(xg),))
+    assert tangent.device == xg.device
+    torch.testing.assert_close(tangent.cpu(), jvp(lambda x: f(w, x), (x,), (torch.ones_like(x),))[1])
+    with pytest.raises(RuntimeError, match="same device"):  # a real CPU tensor inside a transform still refuses
+        jacfwd(lambda x: x + torch.ones(4))(xg)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_transformer_encoder_fast_path_zeroes_padded_positions_as_without_the_emulator(mask_dtype):
+    """In eval without gradients PyTorch packs the batch into a nested tensor and pads the output with zeros (then
+    the final norm), on a GPU as on the CPU; it skips that path for tensor subclasses and under a torch-function
+    mode, so under the emulator GPU and CPU tensors alike must still get those zeros."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16)).eval()
+    x = torch.randn(3, 6, 16)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[0, 4:], pad[2, 2:] = True, True
+    mask = pad if mask_dtype is torch.bool else torch.zeros(3, 6).masked_fill(pad, float("-inf"))
+    with torch.no_grad():
+        plain = encoder(x, src_key_padding_mask=mask)
+        with course.emulate(gpus=2):
+            cpu = encoder(x, src_key_padding_mask=mask)
+            gpu = encoder.to("cuda")(x.to("cuda"), src_key_padding_mask=mask.to("cuda")).cpu()
+            norm_of_zero = encoder.norm(torch.zeros(16, device="cuda")).cpu()
+            encoder.cpu()
+    torch.testing.assert_close(cpu, plain)
+    torch.testing.assert_close(gpu, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gpu[pad], norm_of_zero.expand(int(pad.sum()), 16))
+    encoder.train()  # training mode: no fast path, every position is computed
+    assert not torch.allclose(encoder(x, src_key_padding_mask=mask)[pad], norm_of_zero.expand(int(pad.sum()), 16))
+
+
+def test_lstsq_on_a_gpu_uses_gels_as_cuda_does(emu):
+    """CUDA has only the gels driver (the CPU defaults to gelsy): residuals come back, rank does not, and asking
+    for another driver is CUDA's error."""
+    torch.manual_seed(0)
+    a, b = torch.randn(7, 3), torch.randn(7, 2)
+    on_gpu = torch.linalg.lstsq(a.to("cuda"), b.to("cuda"))
+    as_cuda = torch.linalg.lstsq(a, b, driver="gels")
+    torch.testing.assert_close(on_gpu.solution.cpu(), as_cuda.solution)
+    torch.testing.assert_close(on_gpu.residuals.cpu(), as_cuda.residuals)
+    assert on_gpu.rank.numel() == 0 and on_gpu.rank.dtype == torch.int64
+    with pytest.raises(RuntimeError, match="`driver` other than `gels` is not supported on CUDA"):
+        torch.linalg.lstsq(a.to("cuda"), b.to("cuda"), driver="gelsd")
+    assert torch.linalg.lstsq(a, b).rank.item() == 3  # CPU tensors keep the CPU's drivers
