@@ -564,3 +564,32 @@ def test_lstsq_on_a_gpu_uses_gels_as_cuda_does(emu):
     with pytest.raises(RuntimeError, match="`driver` other than `gels` is not supported on CUDA"):
         torch.linalg.lstsq(a.to("cuda"), b.to("cuda"), driver="gelsd")
     assert torch.linalg.lstsq(a, b).rank.item() == 3  # CPU tensors keep the CPU's drivers
+
+
+def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
+    """torch.library: a GPU runs the op's CUDA kernel; with CPU and CUDA kernels that differ, the CPU one must not
+    stand in silently, and an op with a CUDA kernel only must run. Its ops run (and are timed) on the GPU."""
+    lib = torch.library.Library("course_test_kernels", "DEF")
+    lib.define("scaled(Tensor x) -> Tensor")
+    lib.define("gpu_only(Tensor x) -> Tensor")
+    lib.impl("scaled", lambda x: x * 2, "CPU")
+    lib.impl("scaled", lambda x: x * 3, "CUDA")
+    lib.impl("gpu_only", lambda x: x + 1, "CUDA")
+
+    @torch.library.custom_op("course_test_kernels::shifted", mutates_args=())
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        return x - 1
+
+    @shifted.register_kernel("cuda")
+    def _(x):
+        return x - 5
+
+    x = torch.arange(3.0)
+    assert torch.ops.course_test_kernels.scaled(x).tolist() == [0.0, 2.0, 4.0]
+    on_gpu = torch.ops.course_test_kernels.scaled(x.to("cuda:1"))
+    assert on_gpu.device == torch.device("cuda", 1) and on_gpu.cpu().tolist() == [0.0, 3.0, 6.0]
+    assert torch.ops.course_test_kernels.gpu_only(x.to("cuda")).cpu().tolist() == [1.0, 2.0, 3.0]
+    assert shifted(x).tolist() == [-1.0, 0.0, 1.0]
+    before = len(emu.trace)
+    assert shifted(x.to("cuda")).cpu().tolist() == [-5.0, -4.0, -3.0]
+    assert any(e.device == "cuda:0" and e.kind == "kernel" for e in emu.trace[before:])

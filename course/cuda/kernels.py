@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding", "restrides", "writes_in_place")
+                 "special", "embedding", "restrides", "writes_in_place", "programs_cuda_kernel")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -68,6 +68,11 @@ class _OpInfo:
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
+        # A CUDA kernel the program registered (torch.library.custom_op's register_kernel("cuda"), Library.impl with
+        # "CUDA"): a GPU runs it rather than the op's CPU kernel. A CPU build has CUDA kernels of its own only for
+        # c10d's collectives and a few of PyTorch's own ops.
+        self.programs_cuda_kernel = func.namespace not in ("aten", "c10d", "_native") and \
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
 
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
@@ -80,6 +85,7 @@ _RESTRIDING_OPS = {getattr(torch.ops.aten, name) for name in
 _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
                     ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
+_CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 
 def _op_info(func) -> _OpInfo:
@@ -251,6 +257,8 @@ def run_kernel(emu, func, args, kwargs):
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
         device = t._device_index
+    if info.programs_cuda_kernel and device is not None and device != CPU:
+        return func.redispatch(_CUDA_KEYS, *args, **kwargs)  # its ops run on the emulated tensors, and are timed
     if info.special:
         if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
