@@ -277,6 +277,24 @@ def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
 
 
+def test_fake_tensors_of_gpu_tensors_are_refused_by_name_not_an_abort(emu):
+    """opcheck and FakeTensorMode.from_tensor would make a C++ tensor on a CUDA device, which a CPU build's autograd
+    aborts the process on ('PyTorch is not linked with support for cuda devices'): a named error instead."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    @torch.library.custom_op("course_test_fake::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    double.register_fake(lambda x: torch.empty_like(x))
+    with pytest.raises(RuntimeError, match="fake tensor .* of a tensor on an emulated GPU is not modelled"):
+        FakeTensorMode().from_tensor(torch.ones(2, device="cuda"))
+    with pytest.raises(Exception, match="fake tensor .* of a tensor on an emulated GPU is not modelled"):
+        torch.library.opcheck(double, (torch.ones(3, device="cuda", requires_grad=True),))
+    assert FakeTensorMode().from_tensor(torch.ones(2)).shape == (2,)
+    assert all(v == "SUCCESS" for v in torch.library.opcheck(double, (torch.ones(3),)).values())
+
+
 def test_gradients_made_from_sizes_alone_are_on_the_gpu():
     """Backward formulas that make a zero gradient from the input's sizes and options (`copysign`'s sign argument,
     `sgn`, `repeat(0, ...)`) made it on the host: `.grad` of a GPU tensor was a CPU tensor."""

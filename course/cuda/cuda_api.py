@@ -425,6 +425,19 @@ def export(mod, args=(), kwargs=None, **options):
     return _export(mod, args, kwargs, **options)
 
 
+_fake_from_real = torch._subclasses.fake_tensor.FakeTensorConverter.from_real_tensor
+
+
+def _fake_of(self, fake_mode, t, *args, **kwargs):
+    """A fake tensor made from a real one (`torch.library.opcheck`, FakeTensorMode.from_tensor, tracing): refused,
+    naming it, for an emulated GPU tensor, whose fake would be a C++ tensor on a CUDA device that a CPU build's
+    autograd aborts the whole process on; PyTorch's own otherwise."""
+    if isinstance(t, torch.Tensor) and t.is_cuda:
+        raise not_modelled("A fake tensor (FakeTensorMode, torch.library.opcheck, tracing) of a tensor on an emulated "
+                           "GPU", "run this check on CPU tensors (the op's fake kernel is the same), or skip it")
+    return _fake_from_real(self, fake_mode, t, *args, **kwargs)
+
+
 def _host_only_dlpack(to_dlpack):
     """DLPack export (`to_dlpack`, `__dlpack__`, `torch.from_dlpack(gpu_tensor)`) of an emulated GPU tensor: refused,
     naming it. PyTorch's C++ would read the wrapper's storage, which holds nothing, and crash the process; a capsule
@@ -542,6 +555,7 @@ DEVICE_BINDINGS = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export."""
+    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
-            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES)
+            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
+            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})])
