@@ -277,6 +277,22 @@ def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
 
 
+def test_nested_tensors_on_a_gpu_are_refused_by_name(emu):
+    """torch.nested on emulated GPUs failed with PyTorch's internal errors ("NestedTensorImpl doesn't support sizes",
+    a device mismatch, "'NestedIntNode' object has no attribute 'add'"): one error that names it instead."""
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    makers = [lambda: torch.nested.nested_tensor([a.cuda(), b.cuda()]),
+              lambda: torch.nested.nested_tensor([a, b], device="cuda"),
+              lambda: torch.nested.as_nested_tensor([a.cuda(), b.cuda()], layout=torch.jagged),
+              lambda: torch.nested.nested_tensor([a, b]).cuda(),
+              lambda: torch.nested.nested_tensor([a, b], layout=torch.jagged).to("cuda:1")]
+    for make in makers:
+        with pytest.raises(RuntimeError, match="A nested tensor on an emulated GPU is not modelled"):
+            make()
+    on_host = torch.nested.nested_tensor([a, b])
+    assert on_host.to_padded_tensor(0.0).cuda().shape == (2, 4, 3)
+
+
 def test_fake_tensors_of_gpu_tensors_are_refused_by_name_not_an_abort(emu):
     """opcheck and FakeTensorMode.from_tensor would make a C++ tensor on a CUDA device, which a CPU build's autograd
     aborts the process on ('PyTorch is not linked with support for cuda devices'): a named error instead."""

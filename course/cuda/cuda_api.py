@@ -18,6 +18,7 @@ import torch
 from course.cuda import cuda_bindings, graphs, rng, sharing
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
+from course.cuda.transfers import nested_not_modelled
 from course.machine.memory import DeviceMemory
 
 
@@ -458,6 +459,25 @@ DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
                   (torch, {"to_dlpack": _host_only_dlpack(torch.to_dlpack)})]
 
 
+def _host_only_nested(make):
+    """torch.nested's constructors given a GPU device or GPU tensors: refused, naming it (transfers.py)."""
+
+    @functools.wraps(make)
+    def refusing(*args, **kwargs):
+        device = kwargs.get("device")
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        if (device is not None and torch.device(device).type == "cuda") or any(
+                isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+            raise nested_not_modelled()
+        return make(*args, **kwargs)
+
+    return refusing
+
+
+NESTED_PATCHES = [(torch.nested, {name: _host_only_nested(getattr(torch.nested, name)) for name in
+                                  ("nested_tensor", "as_nested_tensor", "nested_tensor_from_jagged", "narrow")})]
+
+
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
@@ -555,7 +575,8 @@ DEVICE_BINDINGS = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors."""
+    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
+    torch.nested's constructors."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
             + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
-            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})])
+            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES)
