@@ -627,3 +627,33 @@ def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
     before = len(emu.trace)
     assert shifted(x.to("cuda")).cpu().tolist() == [-5.0, -4.0, -3.0]
     assert any(e.device == "cuda:0" and e.kind == "kernel" for e in emu.trace[before:])
+
+
+def test_flex_attention_runs_eagerly_on_a_gpu_with_the_cpus_numbers():
+    """flex_attention without torch.compile runs PyTorch's dense implementation on a GPU; on emulated GPUs it found
+    no rule for the tensor subclass. Its backward, which traces on fake CUDA tensors, is refused by name rather
+    than aborting the process."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx) * 0.1
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = flex_attention(q, k, v, score_mod=relative, block_mask=create_block_mask(causal, 1, 1, 8, 8, "cpu"))
+        with course.emulate(gpus=1) as emu:
+            mask = create_block_mask(causal, 1, 1, 8, 8, device="cuda")
+            with torch.no_grad():
+                out = flex_attention(q.cuda(), k.cuda(), v.cuda(), score_mod=relative, block_mask=mask)
+            kernels = sum(e.kind == "kernel" for e in emu.trace)
+            on_device = out.device
+            out = out.cpu()
+            with pytest.raises(RuntimeError, match="FlexAttention's backward on emulated GPUs is not modelled"):
+                flex_attention(q.cuda().requires_grad_(), k.cuda(), v.cuda())
+    assert on_device == torch.device("cuda", 0) and kernels > 0
+    torch.testing.assert_close(out, plain)

@@ -364,6 +364,7 @@ _HANDLERS = {
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
+    attention.flex_attention_hop: attention.flex_attention,
     torch._VF._pack_padded_sequence: packed_sequences.pack_padded_sequence,
     torch._VF._pad_packed_sequence: packed_sequences.pad_packed_sequence,
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
@@ -373,6 +374,7 @@ _HANDLERS = {
 
 
 _HANDLERS.update(inner_factories.handlers(lambda: EmulatorMode()))
+attention.register_eager_flex_attention(lambda: EmulatorMode())
 
 # Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
 _ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors()
