@@ -657,3 +657,14 @@ def test_flex_attention_runs_eagerly_on_a_gpu_with_the_cpus_numbers():
                 flex_attention(q.cuda().requires_grad_(), k.cuda(), v.cuda())
     assert on_device == torch.device("cuda", 0) and kernels > 0
     torch.testing.assert_close(out, plain)
+
+
+def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
+    """An ALiBi bias per head, (heads, L, S), broadcasts over the batch in SDPA on every backend; the fused CPU
+    kernel the emulator runs in a GPU's place wants a 2-D or 4-D mask and refused it."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    for mask in (torch.randn(4, 6, 6), torch.randn(1, 6, 6), torch.rand(4, 6, 6) > 0.3):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        got = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), attn_mask=mask.cuda())
+        torch.testing.assert_close(got.cpu(), want)

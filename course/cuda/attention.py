@@ -52,6 +52,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 enable_gqa=enable_gqa)
     # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
     query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
+    if attn_mask is not None and attn_mask.dim() not in (2, 4):  # SDPA broadcasts any mask; the fused op wants 4-D
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     if scale is None:
         scale = query.shape[-1] ** -0.5  # the default, fixed before any folding changes the shapes
     batch, heads, length, dim = query.shape
