@@ -6,6 +6,8 @@
   old-style Library.impl for "CPU" and "CUDA", gradcheck on the device, opcheck on CPU tensors;
 - nn.TransformerEncoder in eval with a padding mask (PyTorch's nested fast path, zeros at padded positions) and
   torch.linalg.lstsq (CUDA's gels driver: residuals filled in, rank empty);
+- flex_attention in inference (eager, as without torch.compile) with a causal block mask and an ALiBi score_mod,
+  checked against SDPA given the same bias as a (heads, L, S) mask;
 - a BiLSTM-CRF tagger in nn.DataParallel whose CRF transitions are read from model.module outside the parallel
   forward, profiled for Nsight with torch.cuda.profiler.profile() and emit_nvtx.
 """
@@ -98,6 +100,24 @@ def encoder_and_lstsq():
             "rank_empty": solved.rank.numel() == 0}
 
 
+def flex_and_alibi():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 8, 8, device=device) for _ in range(3))
+    slopes = torch.exp2(-torch.arange(1, 5, device=device, dtype=torch.float32))
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    i = torch.arange(8, device=device)
+    bias = (slopes[:, None, None] * (i[None, :] - i[:, None])).masked_fill(i[:, None] < i[None], float("-inf"))
+    with torch.inference_mode():
+        mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, 8, 8, device=device.type)
+        out = flex_attention(q, k, v, score_mod=alibi, block_mask=mask)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return {"flex_sum": out.sum().item(), "flex_vs_sdpa": (out - ref).abs().max().item() < 1e-5}
+
+
 class Tagger(nn.Module):
     def __init__(self):
         super().__init__()
@@ -136,4 +156,4 @@ def crf_tagger():
 
 
 print("RESULT " + json.dumps({"func": func_transforms(), "custom_ops": custom_ops(), "encoder": encoder_and_lstsq(),
-                              "crf": crf_tagger()}))
+                              "flex": flex_and_alibi(), "crf": crf_tagger()}))
