@@ -1,5 +1,6 @@
 """torch.autocast("cuda") and GradScaler on emulated GPUs behave as on a GPU box: CUDA's op lists, real dtypes,
 gradients equal to plain CPU torch doing the same casts by hand, costs at the low-precision rate."""
+import copy
 import warnings
 
 import pytest
@@ -360,3 +361,29 @@ def test_stop_gives_torch_back_its_own_autocast():
     assert "autocast_mode.cpp" in [line for line in torch._C._dispatch_dump("aten::mm").splitlines()
                                    if line.startswith("AutocastCUDA:")][0]
     assert not torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastCUDA)
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_rnns_in_a_cuda_region_run_in_float16_as_cudnn_does(emu, cls):
+    """A GPU sends LSTM/GRU/RNN to cuDNN, whose autocast wrapper casts input, hidden state and weights to float16
+    whatever the region's dtype (AutocastRNN.cpp); with cuDNN off, its own cells run in the region's dtype."""
+    torch.manual_seed(0)
+    model, x = cls(4, 6, num_layers=2, bidirectional=True), torch.randn(5, 3, 4)
+    reference = copy.deepcopy(model).half()(x.half())
+    gpu = model.to("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, hidden = gpu(x.to("cuda"))
+        packed, _ = gpu(nn.utils.rnn.pack_padded_sequence(x.to("cuda"), [5, 4, 2]))
+    hidden, expected_hidden = (hidden[0], reference[1][0]) if cls is nn.LSTM else (hidden, reference[1])
+    assert out.dtype == hidden.dtype == packed.data.dtype == torch.float16
+    torch.testing.assert_close(out.cpu(), reference[0])
+    torch.testing.assert_close(hidden.cpu(), expected_hidden)
+    out.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 and p.grad.device.type == "cuda" for p in gpu.parameters())
+    torch.backends.cudnn.enabled = False
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert gpu(x.to("cuda"))[0].dtype == torch.bfloat16
+    finally:
+        torch.backends.cudnn.enabled = True
+    assert gpu(x.to("cuda"))[0].dtype == torch.float32

@@ -339,3 +339,17 @@ def test_rank_and_condition_number_of_empty_matrices_stay_on_the_gpu(emu, shape)
         condition = torch.linalg.cond(matrix)
         assert condition.device == torch.device("cuda", 2)
         assert torch.equal(condition.cpu(), torch.linalg.cond(torch.zeros(shape)))
+
+
+def test_printed_dtypes_follow_pytorchs_rule():
+    """A CUDA tensor prints like a CPU one plus its device: int64, bool and the default complex dtype are implied
+    by the values shown, but an empty tensor names any dtype but the default."""
+    cases = [lambda d: torch.empty(0, dtype=torch.int64, device=d), lambda d: torch.empty(2, 0, device=d),
+             lambda d: torch.ones(2, dtype=torch.cfloat, device=d), lambda d: torch.ones(2, dtype=torch.cdouble, device=d),
+             lambda d: torch.ones(2, dtype=torch.half, device=d), lambda d: torch.arange(3, device=d),
+             lambda d: torch.empty(0, dtype=torch.bool, device=d)]
+    plain = [repr(make("cpu")) for make in cases]
+    with course.emulate(gpus=1):
+        emulated = [repr(make("cuda")) for make in cases]
+    assert [e.replace(", device='cuda:0'", "") for e in emulated] == plain
+    assert all("device='cuda:0'" in e for e in emulated)

@@ -316,3 +316,28 @@ def test_meta_tensors_stay_meta_inside_the_emulator():
         assert layer.weight.is_meta
         layer.to_empty(device="cuda:1")
         assert layer.weight.device == torch.device("cuda", 1)
+
+
+def test_data_parallel_with_a_parameter_no_replica_uses():
+    """A parameter the replicas never touch (a CRF's transitions read from `model.module` outside the parallel
+    forward): its replicas' gradients are zeros, their sum is zeros, and its own use still counts, as on GPUs."""
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.transitions = nn.Linear(4, 3), nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            return self.proj(x)
+
+    torch.manual_seed(0)
+    model, x = Tagger(), torch.randn(6, 4)
+    reference = copy.deepcopy(model)
+    (reference(x) @ reference.transitions).sum().backward()
+    with course.emulate(gpus=2):
+        parallel = nn.DataParallel(model.cuda())
+        (parallel(x) @ model.transitions).sum().backward()
+        grads = [p.grad.cpu() for p in model.parameters()]
+        devices = {p.grad.device for p in model.parameters()}
+    assert devices == {torch.device("cuda", 0)}
+    for got, want in zip(grads, [p.grad for p in reference.parameters()]):
+        torch.testing.assert_close(got, want)

@@ -260,3 +260,20 @@ def test_gpu_columns_keep_the_cuda_columns_and_gpu_rows_of_the_real_table():
     assert totals == sorted(totals, reverse=True)
     with pytest.raises(ValueError, match="ProfilerActivity.CUDA"):
         gpu_columns(tables[0].replace("CUDA total", "CPU  total"))
+
+
+def test_emit_nvtx_and_capture_range_calls_run_as_on_a_gpu():
+    """NVIDIA's scripts wrap steps in torch.cuda.profiler.profile() and autograd's emit_nvtx for Nsight Systems:
+    neither changes a number; on the emulator the block is one NVTX range and the capture calls are marks (a CPU
+    build refused both: 'compiled without CUDA', 'cudart is not modelled')."""
+    x = torch.randn(8, 8)
+    with course.emulate(gpus=1) as emu:
+        with torch.cuda.profiler.profile(), pytest.warns(UserWarning, match="emit_nvtx is not modelled op by op"):
+            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+                y = (x.to("cuda") @ x.to("cuda")).relu().sum().item()
+        with torch.autograd.profiler.emit_nvtx(enabled=False):
+            pass
+        marks = [(e.name, e.end_ns > e.start_ns) for e in emu.trace if e.kind == "nvtx"]
+    assert y == pytest.approx((x @ x).relu().sum().item(), rel=1e-6)
+    assert marks == [("cudaProfilerStart", False), ("emit_nvtx", True), ("cudaProfilerStop", False)]
+    assert torch.autograd.profiler.emit_nvtx.__module__ == "torch.autograd.profiler"  # PyTorch's own again

@@ -277,6 +277,40 @@ def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
 
 
+def test_nested_tensors_on_a_gpu_are_refused_by_name(emu):
+    """torch.nested on emulated GPUs failed with PyTorch's internal errors ("NestedTensorImpl doesn't support sizes",
+    a device mismatch, "'NestedIntNode' object has no attribute 'add'"): one error that names it instead."""
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    makers = [lambda: torch.nested.nested_tensor([a.cuda(), b.cuda()]),
+              lambda: torch.nested.nested_tensor([a, b], device="cuda"),
+              lambda: torch.nested.as_nested_tensor([a.cuda(), b.cuda()], layout=torch.jagged),
+              lambda: torch.nested.nested_tensor([a, b]).cuda(),
+              lambda: torch.nested.nested_tensor([a, b], layout=torch.jagged).to("cuda:1")]
+    for make in makers:
+        with pytest.raises(RuntimeError, match="A nested tensor on an emulated GPU is not modelled"):
+            make()
+    on_host = torch.nested.nested_tensor([a, b])
+    assert on_host.to_padded_tensor(0.0).cuda().shape == (2, 4, 3)
+
+
+def test_fake_tensors_of_gpu_tensors_are_refused_by_name_not_an_abort(emu):
+    """opcheck and FakeTensorMode.from_tensor would make a C++ tensor on a CUDA device, which a CPU build's autograd
+    aborts the process on ('PyTorch is not linked with support for cuda devices'): a named error instead."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    @torch.library.custom_op("course_test_fake::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    double.register_fake(lambda x: torch.empty_like(x))
+    with pytest.raises(RuntimeError, match="fake tensor .* of a tensor on an emulated GPU is not modelled"):
+        FakeTensorMode().from_tensor(torch.ones(2, device="cuda"))
+    with pytest.raises(Exception, match="fake tensor .* of a tensor on an emulated GPU is not modelled"):
+        torch.library.opcheck(double, (torch.ones(3, device="cuda", requires_grad=True),))
+    assert FakeTensorMode().from_tensor(torch.ones(2)).shape == (2,)
+    assert all(v == "SUCCESS" for v in torch.library.opcheck(double, (torch.ones(3),)).values())
+
+
 def test_gradients_made_from_sizes_alone_are_on_the_gpu():
     """Backward formulas that make a zero gradient from the input's sizes and options (`copysign`'s sign argument,
     `sgn`, `repeat(0, ...)`) made it on the host: `.grad` of a GPU tensor was a CPU tensor."""
@@ -484,3 +518,153 @@ def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
                            ([[1.0, scalar], [2.0, scalar]], [[1.0, 3.5], [2.0, 3.5]])]:
         made = torch.tensor(data, device="cuda:1")
         assert made.device == torch.device("cuda", 1) and made.tolist() == expected
+
+
+def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):
+    """torch.func's ensembling tutorial: stack_module_state of GPU models, a copy of one moved to 'meta' as the
+    stateless base, vmap over functional_call; each slice is that model's own output."""
+    import copy
+    from torch.func import functional_call, stack_module_state, vmap
+    torch.manual_seed(0)
+    models = [nn.Linear(4, 3).to("cuda") for _ in range(3)]
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    assert base.weight.is_meta and base.weight.shape == (3, 4)
+    x = torch.randn(5, 4, device="cuda")
+    out = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+    assert out.device == torch.device("cuda", 0)
+    for i, m in enumerate(models):
+        torch.testing.assert_close(out[i].cpu(), (x.cpu() @ m.weight.detach().cpu().T + m.bias.detach().cpu()))
+    assert torch.ones(2, device="cuda").to("meta", torch.float16).dtype == torch.float16
+
+
+def test_forward_mode_jacobians_of_gpu_functions_match_the_cpu(emu):
+    """jvp, jacfwd and hessian capture GPU tensors whose zero tangents PyTorch's C++ makes with the CPU device
+    of the emulated tensor underneath: they must join the GPU, and the numbers must be the CPU's."""
+    from torch.func import hessian, jacfwd, jacrev, jvp
+    torch.manual_seed(0)
+    w, x = torch.randn(4, 4), torch.randn(4)
+    wg, xg = w.to("cuda"), x.to("cuda")
+
+    def f(w, x):
+        return torch.tanh(w @ x).sin()
+
+    torch.testing.assert_close(jacfwd(lambda x: f(wg, x))(xg).cpu(), jacfwd(lambda x: f(w, x))(x))
+    torch.testing.assert_close(jacfwd(lambda x: f(wg, x))(xg).cpu(), jacrev(lambda x: f(wg, x))(xg).cpu())
+    torch.testing.assert_close(hessian(lambda x: f(wg, x).sum())(xg).cpu(), hessian(lambda x: f(w, x).sum())(x))
+    out, tangent = jvp(lambda x: f(wg, x), (xg,), (torch.ones_like(xg),))
+    assert tangent.device == xg.device
+    torch.testing.assert_close(tangent.cpu(), jvp(lambda x: f(w, x), (x,), (torch.ones_like(x),))[1])
+    with pytest.raises(RuntimeError, match="same device"):  # a real CPU tensor inside a transform still refuses
+        jacfwd(lambda x: x + torch.ones(4))(xg)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_transformer_encoder_fast_path_zeroes_padded_positions_as_without_the_emulator(mask_dtype):
+    """In eval without gradients PyTorch packs the batch into a nested tensor and pads the output with zeros (then
+    the final norm), on a GPU as on the CPU; it skips that path for tensor subclasses and under a torch-function
+    mode, so under the emulator GPU and CPU tensors alike must still get those zeros."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16)).eval()
+    x = torch.randn(3, 6, 16)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[0, 4:], pad[2, 2:] = True, True
+    mask = pad if mask_dtype is torch.bool else torch.zeros(3, 6).masked_fill(pad, float("-inf"))
+    with torch.no_grad():
+        plain = encoder(x, src_key_padding_mask=mask)
+        with course.emulate(gpus=2):
+            cpu = encoder(x, src_key_padding_mask=mask)
+            gpu = encoder.to("cuda")(x.to("cuda"), src_key_padding_mask=mask.to("cuda")).cpu()
+            norm_of_zero = encoder.norm(torch.zeros(16, device="cuda")).cpu()
+            encoder.cpu()
+    torch.testing.assert_close(cpu, plain)
+    torch.testing.assert_close(gpu, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gpu[pad], norm_of_zero.expand(int(pad.sum()), 16))
+    encoder.train()  # training mode: no fast path, every position is computed
+    assert not torch.allclose(encoder(x, src_key_padding_mask=mask)[pad], norm_of_zero.expand(int(pad.sum()), 16))
+
+
+def test_lstsq_on_a_gpu_uses_gels_as_cuda_does(emu):
+    """CUDA has only the gels driver (the CPU defaults to gelsy): residuals come back, rank does not, and asking
+    for another driver is CUDA's error."""
+    torch.manual_seed(0)
+    a, b = torch.randn(7, 3), torch.randn(7, 2)
+    on_gpu = torch.linalg.lstsq(a.to("cuda"), b.to("cuda"))
+    as_cuda = torch.linalg.lstsq(a, b, driver="gels")
+    torch.testing.assert_close(on_gpu.solution.cpu(), as_cuda.solution)
+    torch.testing.assert_close(on_gpu.residuals.cpu(), as_cuda.residuals)
+    assert on_gpu.rank.numel() == 0 and on_gpu.rank.dtype == torch.int64
+    with pytest.raises(RuntimeError, match="`driver` other than `gels` is not supported on CUDA"):
+        torch.linalg.lstsq(a.to("cuda"), b.to("cuda"), driver="gelsd")
+    assert torch.linalg.lstsq(a, b).rank.item() == 3  # CPU tensors keep the CPU's drivers
+
+
+def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
+    """torch.library: a GPU runs the op's CUDA kernel; with CPU and CUDA kernels that differ, the CPU one must not
+    stand in silently, and an op with a CUDA kernel only must run. Its ops run (and are timed) on the GPU."""
+    lib = torch.library.Library("course_test_kernels", "DEF")
+    lib.define("scaled(Tensor x) -> Tensor")
+    lib.define("gpu_only(Tensor x) -> Tensor")
+    lib.impl("scaled", lambda x: x * 2, "CPU")
+    lib.impl("scaled", lambda x: x * 3, "CUDA")
+    lib.impl("gpu_only", lambda x: x + 1, "CUDA")
+
+    @torch.library.custom_op("course_test_kernels::shifted", mutates_args=())
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        return x - 1
+
+    @shifted.register_kernel("cuda")
+    def _(x):
+        return x - 5
+
+    x = torch.arange(3.0)
+    assert torch.ops.course_test_kernels.scaled(x).tolist() == [0.0, 2.0, 4.0]
+    on_gpu = torch.ops.course_test_kernels.scaled(x.to("cuda:1"))
+    assert on_gpu.device == torch.device("cuda", 1) and on_gpu.cpu().tolist() == [0.0, 3.0, 6.0]
+    assert torch.ops.course_test_kernels.gpu_only(x.to("cuda")).cpu().tolist() == [1.0, 2.0, 3.0]
+    assert shifted(x).tolist() == [-1.0, 0.0, 1.0]
+    before = len(emu.trace)
+    assert shifted(x.to("cuda")).cpu().tolist() == [-5.0, -4.0, -3.0]
+    assert any(e.device == "cuda:0" and e.kind == "kernel" for e in emu.trace[before:])
+
+
+def test_flex_attention_runs_eagerly_on_a_gpu_with_the_cpus_numbers():
+    """flex_attention without torch.compile runs PyTorch's dense implementation on a GPU; on emulated GPUs it found
+    no rule for the tensor subclass. Its backward, which traces on fake CUDA tensors, is refused by name rather
+    than aborting the process."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx) * 0.1
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = flex_attention(q, k, v, score_mod=relative, block_mask=create_block_mask(causal, 1, 1, 8, 8, "cpu"))
+        with course.emulate(gpus=1) as emu:
+            mask = create_block_mask(causal, 1, 1, 8, 8, device="cuda")
+            with torch.no_grad():
+                out = flex_attention(q.cuda(), k.cuda(), v.cuda(), score_mod=relative, block_mask=mask)
+            kernels = sum(e.kind == "kernel" for e in emu.trace)
+            on_device = out.device
+            out = out.cpu()
+            with pytest.raises(RuntimeError, match="FlexAttention's backward on emulated GPUs is not modelled"):
+                flex_attention(q.cuda().requires_grad_(), k.cuda(), v.cuda())
+    assert on_device == torch.device("cuda", 0) and kernels > 0
+    torch.testing.assert_close(out, plain)
+
+
+def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
+    """An ALiBi bias per head, (heads, L, S), broadcasts over the batch in SDPA on every backend; the fused CPU
+    kernel the emulator runs in a GPU's place wants a 2-D or 4-D mask and refused it."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    for mask in (torch.randn(4, 6, 6), torch.randn(1, 6, 6), torch.rand(4, 6, 6) > 0.3):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        got = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), attn_mask=mask.cuda())
+        torch.testing.assert_close(got.cpu(), want)

@@ -9,8 +9,12 @@ costed with FlopCounterMode's flash-attention formula and the bytes of q, k, v a
 from __future__ import annotations
 
 import torch
+from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
+from torch._higher_order_ops.flex_attention import flex_attention_backward as flex_attention_backward_hop
+from torch._higher_order_ops.flex_attention import sdpa_dense, sdpa_dense_backward
 
 from course.cuda import autocast
+from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor
 
 aten = torch.ops.aten
@@ -48,6 +52,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 enable_gqa=enable_gqa)
     # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
     query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
+    if attn_mask is not None and attn_mask.dim() not in (2, 4):  # SDPA broadcasts any mask; the fused op wants 4-D
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     if scale is None:
         scale = query.shape[-1] ** -0.5  # the default, fixed before any folding changes the shapes
     batch, heads, length, dim = query.shape
@@ -62,3 +68,27 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             return out.reshape(batch, heads, length, value.shape[-1])
     return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask,
                                                             scale=scale)[0]
+
+
+def flex_attention(*args, **kwargs):
+    """The FlexAttention higher-order op called with emulated GPU tensors that need gradients: refused by name. Its
+    autograd rule traces score_mod on fake tensors of the inputs' device, and a fake CUDA tensor makes a CPU build's
+    autograd abort the whole process ("PyTorch is not linked with support for cuda devices")."""
+    if torch.is_grad_enabled() and any(isinstance(t, EmulatedTensor) and t.requires_grad for t in args[:3]):
+        raise not_modelled("FlexAttention's backward on emulated GPUs", "run flex_attention under torch.no_grad() "
+                           "(inference), or use F.scaled_dot_product_attention with a mask for training")
+    with torch._C.DisableTorchFunctionSubclass():
+        return flex_attention_hop(*args, **kwargs)
+
+
+def register_eager_flex_attention(mode_type) -> None:
+    """FlexAttention on emulated GPUs, run as a GPU runs it without torch.compile: PyTorch's dense implementation,
+    each of its ops a kernel on the emulated GPU. A higher-order op finds no rule for a tensor subclass unless one
+    is registered, and it reaches the rule from inside the emulator's own mode, so the mode (`mode_type`) is put
+    back on for the body (its `torch.arange(device=...)` calls)."""
+    for hop, dense in ((flex_attention_hop, sdpa_dense), (flex_attention_backward_hop, sdpa_dense_backward)):
+        def run(*args, _dense=dense, **kwargs):
+            with mode_type():
+                return _dense(*args, **kwargs)
+
+        hop.py_impl(EmulatedTensor)(run)

@@ -50,6 +50,11 @@ CUDA_FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt
                           "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype"}
 CUDA_PROMOTE = "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add".split()
 CUDA_BANNED = ["binary_cross_entropy"]
+# A CUDA build autocasts cuDNN's RNN (`_cudnn_rnn`, aten/src/ATen/cudnn/AutocastRNN.cpp): input, hidden state and
+# weights go in as float16 whatever the region's dtype, so LSTM, GRU and RNN outputs are float16. A CPU build has no
+# `_cudnn_rnn`, so the RNN ops that reach it are taken over one level up. With cuDNN switched off a GPU runs its own
+# cells, which are on the lower-precision list: the region's dtype.
+CUDA_CUDNN_RNN = "lstm.input lstm.data gru.input gru.data rnn_tanh.input rnn_tanh.data rnn_relu.input rnn_relu.data"
 
 # CPU's lists (autocast_mode.cpp, TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)); every other op torch registers at
 # AutocastCPU is in its fp32 list (checked by tests/test_autocast.py against that list).
@@ -190,6 +195,9 @@ def _kernel(op, policy: str, device: str, target=None):
                     args, kwargs = _cast_all(args, kwargs, torch.float32, device)
                 elif policy == "promote":
                     args, kwargs = _cast_all(args, kwargs, _promote_type(values, device), device)
+                elif policy == "cudnn_rnn":
+                    dtype = torch.float16 if torch.backends.cudnn.enabled else torch.get_autocast_dtype(device)
+                    args, kwargs = _cast_all(args, kwargs, dtype, device)
                 elif not _eligible(args[0], device):  # the fp32_*_dtype policies look at the first argument only
                     pass
                 elif policy == "fp32_set_opt_dtype":
@@ -228,6 +236,8 @@ def _build_library() -> torch.library.Library:
                 short = name.removeprefix("aten::")
                 target = _overload(CUDA_FP32_APPEND_DTYPE[short]) if policy == "fp32_append_dtype" else None
                 library.impl(short, _kernel(_overload(short), policy, device, target), _KEY[device].name)
+        for short in CUDA_CUDNN_RNN.split():
+            library.impl(short, _kernel(_overload(short), "cudnn_rnn", "cuda"), _KEY["cuda"].name)
     return library
 
 

@@ -135,26 +135,29 @@ def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
     Tensors travel in buffers of about `buffer_size` bytes, one NCCL reduce per buffer.
     """
     emu = current_emulator("torch.cuda.comm.reduce_add_coalesced")
+    originals = list(zip(*inputs))
     # Autograd makes the zero gradients of replicas whose outputs went unused as plain CPU
     # tensors (their C++ device is the CPU): they add nothing and take no part in the transfer.
     positions = [[t for t in position if isinstance(t, EmulatedTensor) or t.dim() > 0 and t.any()]
-                 for position in zip(*inputs)]
-    for position in positions:
-        devices = _check_collective("reduce_add", position)
-    destination = devices[0] if destination is None else _gpu_index(destination)
-    lanes = sorted(set(devices) | ({destination} - {CPU}))
-    results, group, group_bytes = [], [], 0
+                 for position in originals]
+    devices = [_check_collective("reduce_add", position) for position in positions if position]
+    destination = (devices[0][0] if devices else CPU) if destination is None else _gpu_index(destination)
+    lanes = sorted({d for position in devices for d in position} | ({destination} - {CPU}))
+    results, group, group_bytes = {}, [], 0
     for index, position in enumerate(positions):
-        group.append(position)
+        if not position:  # a parameter no replica used: its gradients, and their sum, are zeros
+            results[index] = _new_on(emu, destination, torch.zeros_like(_inner(originals[index][0])), 0)
+            continue
+        group.append(index)
         group_bytes += _nbytes(position[0])
-        if group_bytes >= buffer_size or index == len(positions) - 1:
+        if group_bytes >= buffer_size or not any(positions[index + 1:]):
             end = _collective(emu, "nccl:reduce", lanes,
                               costs.broadcast_ns(emu.collective_link(lanes), group_bytes, len(lanes),
                                                  launches=len(lanes)),
-                              [t for p in group for t in p], group_bytes)
-            results.extend(_new_on(emu, destination, _sum(p), end) for p in group)
+                              [t for i in group for t in positions[i]], group_bytes)
+            results.update((i, _new_on(emu, destination, _sum(positions[i]), end)) for i in group)
             group, group_bytes = [], 0
-    return results
+    return [results[i] for i in range(len(positions))]
 
 
 def scatter(tensor, devices=None, chunk_sizes=None, dim=0, streams=None, *, out=None):

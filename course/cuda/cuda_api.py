@@ -18,6 +18,7 @@ import torch
 from course.cuda import cuda_bindings, graphs, rng, sharing, wall_clock
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
+from course.cuda.transfers import nested_not_modelled
 from course.machine.memory import DeviceMemory
 
 
@@ -426,6 +427,19 @@ def export(mod, args=(), kwargs=None, **options):
     return _export(mod, args, kwargs, **options)
 
 
+_fake_from_real = torch._subclasses.fake_tensor.FakeTensorConverter.from_real_tensor
+
+
+def _fake_of(self, fake_mode, t, *args, **kwargs):
+    """A fake tensor made from a real one (`torch.library.opcheck`, FakeTensorMode.from_tensor, tracing): refused,
+    naming it, for an emulated GPU tensor, whose fake would be a C++ tensor on a CUDA device that a CPU build's
+    autograd aborts the whole process on; PyTorch's own otherwise."""
+    if isinstance(t, torch.Tensor) and t.is_cuda:
+        raise not_modelled("A fake tensor (FakeTensorMode, torch.library.opcheck, tracing) of a tensor on an emulated "
+                           "GPU", "run this check on CPU tensors (the op's fake kernel is the same), or skip it")
+    return _fake_from_real(self, fake_mode, t, *args, **kwargs)
+
+
 def _host_only_dlpack(to_dlpack):
     """DLPack export (`to_dlpack`, `__dlpack__`, `torch.from_dlpack(gpu_tensor)`) of an emulated GPU tensor: refused,
     naming it. PyTorch's C++ would read the wrapper's storage, which holds nothing, and crash the process; a capsule
@@ -444,6 +458,25 @@ DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
                               for name in ("_to_dlpack", "_to_dlpack_versioned")}),
                   (torch.utils.dlpack, {"to_dlpack": _host_only_dlpack(torch.utils.dlpack.to_dlpack)}),
                   (torch, {"to_dlpack": _host_only_dlpack(torch.to_dlpack)})]
+
+
+def _host_only_nested(make):
+    """torch.nested's constructors given a GPU device or GPU tensors: refused, naming it (transfers.py)."""
+
+    @functools.wraps(make)
+    def refusing(*args, **kwargs):
+        device = kwargs.get("device")
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        if (device is not None and torch.device(device).type == "cuda") or any(
+                isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+            raise nested_not_modelled()
+        return make(*args, **kwargs)
+
+    return refusing
+
+
+NESTED_PATCHES = [(torch.nested, {name: _host_only_nested(getattr(torch.nested, name)) for name in
+                                  ("nested_tensor", "as_nested_tensor", "nested_tensor_from_jagged", "narrow")})]
 
 
 PATCHES = {
@@ -543,6 +576,8 @@ DEVICE_BINDINGS = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export."""
+    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
+    torch.nested's constructors."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
-            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES)
+            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
+            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES)

@@ -1,4 +1,4 @@
-"""ATen ops that only CUDA implements, written with CPU torch ops so emulated GPUs can run them.
+"""ATen ops that only CUDA implements, or implements its own way, written with CPU torch ops so emulated GPUs run them.
 
 `nn.SyncBatchNorm` is the common case: its forward and backward call the batch_norm_* ops below, which
 a CPU build registers for no device at all. Each follows the CUDA kernel's math (aten/src/ATen/native/
@@ -82,6 +82,15 @@ def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_
     return ((grad_out.to(mean.dtype) - grad_mean - xmu * proj_scale) * grad_scale).to(x.dtype)
 
 
+def linalg_lstsq(a, b, rcond=None, *, driver=None):
+    """CUDA's least squares: only the QR-based `gels`, which is its default too (the CPU's is `gelsy`), so
+    `residuals` is filled in for tall full-rank systems and `rank` comes back empty
+    (aten/src/ATen/native/BatchLinearAlgebra.cpp, linalg_lstsq)."""
+    if driver not in (None, "gels"):
+        raise RuntimeError("torch.linalg.lstsq: `driver` other than `gels` is not supported on CUDA")
+    return aten.linalg_lstsq.default(a, b, rcond, driver="gels")
+
+
 KERNELS = {
     aten.batch_norm_stats.default: batch_norm_stats,
     aten.batch_norm_gather_stats.default: batch_norm_gather_stats,
@@ -89,4 +98,5 @@ KERNELS = {
     aten.batch_norm_elemt.default: batch_norm_elemt,
     aten.batch_norm_backward_reduce.default: batch_norm_backward_reduce,
     aten.batch_norm_backward_elemt.default: batch_norm_backward_elemt,
+    aten.linalg_lstsq.default: linalg_lstsq,
 }

@@ -229,7 +229,11 @@ def _format(tensor: EmulatedTensor) -> str:
         suffixes = [f"device='{tensor.device}'"] if tensor._device_index != CPU else []
         if inner.numel() == 0 and inner.dim() != 1:
             suffixes.append(f"size={tuple(inner.shape)}")
-    if inner.dtype not in (torch.get_default_dtype(), torch.int64, torch.bool):
+    # PyTorch's rule (torch/_tensor_str.py): values show int64, bool and the default complex dtype; no values do not.
+    default_complex = torch.cdouble if torch.get_default_dtype() == torch.double else torch.cfloat
+    implied = (torch.get_default_dtype(),) if inner.is_meta or inner.numel() == 0 else (
+        torch.get_default_dtype(), default_complex, torch.int64, torch.bool)
+    if inner.dtype not in implied:
         suffixes.append(f"dtype={inner.dtype}")
     if tensor.grad_fn is not None:
         suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")

@@ -15,14 +15,15 @@ import torch.distributed
 import torch.distributed.distributed_c10d
 import torch.cuda.nccl
 import torch.cuda.nvtx
+import torch.cuda.profiler
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         graphs, interception, kernels, legacy_types, module_calls, nccl, profiling, rpc, storages,
-                         wall_clock)
+                         graphs, interception, kernels, legacy_types, module_calls, nccl, nested_fastpath, profiling,
+                         rpc, storages, wall_clock)
 from course.cuda.interception import EmulatorMode
-from course.cuda.nvtx import EmulatedNVTX
+from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
 from course.machine.clock import Clock
 from course.machine.memory import DeviceMemory
@@ -136,8 +137,12 @@ class Emulator:
         for target, replacements in profiling.PATCHES:  # torch.profiler with CUDA activity
             self._patch(target, replacements)
         self._patch(torch.cuda.nvtx, {"_nvtx": EmulatedNVTX(self)})
+        self._patch(torch.autograd.profiler, {"emit_nvtx": EmitNVTX})
+        self._patch(torch.cuda.profiler, PROFILER_PATCHES)
         # The host pays for every module call; conversions swap parameters (module_calls.module_apply).
         self._patch(torch.nn.Module, {"__call__": module_calls.module_call, "_apply": module_calls.module_apply})
+        # TransformerEncoder's nested fast path, which PyTorch skips for tensor subclasses (nested_fastpath.py)
+        self._patch(torch.nn.TransformerEncoder, {"forward": nested_fastpath.encoder_forward})
         for target, replacements in module_calls.PATCHES:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too

@@ -120,6 +120,8 @@ def _to(self, *args, **kwargs):
     else:
         device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
     result = self
+    if device is not None and not isinstance(device, int) and torch.device(device).type == "meta":
+        return _to_meta(self, dtype)
     if device is not None and not _sharded_and_on(self, parse_device(device)):
         result = move(result, parse_device(device), non_blocking)
     if dtype is not None and dtype != result.dtype:
@@ -129,6 +131,13 @@ def _to(self, *args, **kwargs):
     if kwargs.get("copy") and result is self:
         result = self.clone()
     return result
+
+
+def _to_meta(tensor, dtype):
+    """`gpu_tensor.to("meta")` (the base model of torch.func's ensembling tutorial): a shape-only tensor, as on a
+    GPU; it has no values for a gradient to carry back, so it is not tied to the tensor's graph."""
+    with torch._C.DisableTorchFunction():
+        return _unwrap(tensor).detach().to("meta", dtype)
 
 
 def _sharded_and_on(tensor, index) -> bool:
@@ -367,6 +376,7 @@ _HANDLERS = {
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
+    attention.flex_attention_hop: attention.flex_attention,
     torch._VF._pack_padded_sequence: packed_sequences.pack_padded_sequence,
     torch._VF._pad_packed_sequence: packed_sequences.pad_packed_sequence,
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
@@ -376,6 +386,7 @@ _HANDLERS = {
 
 
 _HANDLERS.update(inner_factories.handlers(lambda: EmulatorMode()))
+attention.register_eager_flex_attention(lambda: EmulatorMode())
 
 # Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
 _ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors()

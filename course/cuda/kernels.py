@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding", "restrides", "writes_in_place", "alert")
+                 "special", "embedding", "restrides", "writes_in_place", "alert", "programs_cuda_kernel")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -70,6 +70,11 @@ class _OpInfo:
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
+        # A CUDA kernel the program registered (torch.library.custom_op's register_kernel("cuda"), Library.impl with
+        # "CUDA"): a GPU runs it rather than the op's CPU kernel. A CPU build has CUDA kernels of its own only for
+        # c10d's collectives and a few of PyTorch's own ops.
+        self.programs_cuda_kernel = func.namespace not in ("aten", "c10d", "_native") and \
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
 
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
@@ -82,6 +87,7 @@ _RESTRIDING_OPS = {getattr(torch.ops.aten, name) for name in
 _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
                     ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
+_CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 
 def _op_info(func) -> _OpInfo:
@@ -151,9 +157,18 @@ def _from_torch_internals() -> bool:
 
 def _host_tensor_among(args, kwargs) -> bool:
     """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device)."""
-    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-    return any(isinstance(t, torch.Tensor) and t.dim() > 0 and
-               (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu") for t in leaves)
+    leaves = [_under_functorch(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+              if isinstance(t, torch.Tensor)]
+    return any(t.dim() > 0 and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
+               for t in leaves)
+
+
+def _under_functorch(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor a torch.func transform wrapped (jvp's dual, grad's, vmap's batched): the wrapper has the CPU
+    device of the emulated tensor's C++ part, so it is the tensor inside that says where the data lives."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
+    return tensor
 
 
 # Plain CPU tensors that PyTorch's C++ uses as GPU memory (DDP's buckets): when their contents are ready,
@@ -244,6 +259,8 @@ def run_kernel(emu, func, args, kwargs):
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
         device = t._device_index
+    if info.programs_cuda_kernel and device is not None and device != CPU:
+        return func.redispatch(_CUDA_KEYS, *args, **kwargs)  # its ops run on the emulated tensors, and are timed
     if info.special:
         if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
+
+import torch
+import torch.autograd.profiler
 
 from course.machine.trace import TraceEvent
 
@@ -69,3 +73,47 @@ class EmulatedNVTX:
     def _record(self, name: str, depth: int, start_ns: int) -> None:
         end_ns = max(start_ns, self._emu.clock.host_ns)
         self._emu.clock.record([TraceEvent("nvtx", name, "host", depth, start_ns, end_ns)])
+
+
+class EmitNVTX(torch.autograd.profiler.emit_nvtx):
+    """`torch.autograd.profiler.emit_nvtx` while emulating: the block runs as on a GPU (its numbers do not depend on
+    it), and is one NVTX range on the timeline. Per-op ranges, which the profiler's C++ emits on a CUDA build
+    and a CPU build refuses ("PyTorch was compiled without CUDA"), are not recorded: a note says so once."""
+
+    warned = False
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        if self.entered:
+            raise RuntimeError("NVTX annotation context manager is not reentrant")
+        self.entered = True
+        if not EmitNVTX.warned:
+            EmitNVTX.warned = True
+            warnings.warn("torch.autograd.profiler.emit_nvtx is not modelled op by op by the GPU emulator "
+                          "(course.emulate): the block is one NVTX range on its timeline; use torch.cuda.nvtx ranges "
+                          "or torch.profiler for more.", stacklevel=2)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("emit_nvtx")
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if not self.enabled:
+            return None
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        return False
+
+
+def _capture_mark(name: str):
+    def mark() -> None:
+        torch.cuda.nvtx.mark(name)
+
+    mark.__name__ = name
+    mark.__doc__ = (f"`torch.cuda.profiler.{name[12:].lower()}()`: where an attached profiler (Nsight Systems with "
+                    f"--capture-range=cudaProfilerApi) would {name[12:].lower()} capturing; a mark on the timeline.")
+    return mark
+
+
+# torch.cuda.profiler.start/stop (and profile(), which calls them) only tell an attached profiler when to capture.
+PROFILER_PATCHES = {"start": _capture_mark("cudaProfilerStart"), "stop": _capture_mark("cudaProfilerStop")}

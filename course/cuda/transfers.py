@@ -11,6 +11,7 @@ import weakref
 import torch
 
 from course.cuda import devices
+from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name, wait_for, wrap
 from course.machine import costs, topology
 
@@ -192,10 +193,19 @@ class _Move(torch.autograd.Function):
         return move(grad, ctx.src), None, None
 
 
+def nested_not_modelled() -> RuntimeError:
+    """The error for a nested tensor on an emulated GPU: PyTorch's C++ would fail on it with an internal error
+    ("NestedTensorImpl doesn't support sizes") or a device mismatch, which says nothing of the cause."""
+    return not_modelled("A nested tensor on an emulated GPU", "keep nested tensors on the CPU, or pad them "
+                        "(to_padded_tensor) before moving them to a GPU")
+
+
 def move(tensor: torch.Tensor, dst: int, non_blocking: bool = False) -> torch.Tensor:
     """`tensor.to(device)`: the same tensor if it is already there, else a copy autograd can see through."""
     if device_of(tensor) == dst:
         return tensor
+    if tensor.is_nested:
+        raise nested_not_modelled()
     return _Move.apply(tensor, dst, non_blocking)
 
 
