@@ -147,8 +147,7 @@ def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
         if position:
             devices = _check_collective("reduce_add", position)
     destination = devices[0] if destination is None else _gpu_index(destination)
-    positions = [p or [_new_on(emu, destination, torch.zeros_like(_inner(o[0])), 0)]
-                 for p, o in zip(positions, originals)]
+    positions = [p or [torch.zeros_like(_inner(o[0]))] for p, o in zip(positions, originals)]
     lanes = sorted(set(devices) | ({destination} - {CPU}))
     results, group, group_bytes = [], [], 0
     for index, position in enumerate(positions):
