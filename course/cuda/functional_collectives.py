@@ -138,8 +138,11 @@ def _collective(cls, func, types, args, kwargs):
 
 
 def _wait_tensor(cls, func, types, args, kwargs):
-    """The current stream waits for the collective that wrote the tensor; the tensor itself comes back."""
+    """The current stream waits for the collective that wrote the tensor; the tensor itself comes back. A collective
+    of the generic path (gloo) registered its work under the CPU tensor inside, and may still be writing it: that
+    work is waited for too (C++ wait_tensor returns at once for a tensor with no work)."""
     tensor = args[0]
+    _ops.wait_tensor.default(tensor._inner)
     emu = devices.current_emulator("wait_tensor")
     device = tensor._device_index
     if device != devices.CPU:

@@ -1,12 +1,13 @@
-"""test_c10d_gloo- and FSDP2-style tests (MultiProcessTestCase, FSDPTest, FSDPTestMultiThread): gloo collectives
-on CUDA tensors, DDP over gloo with integer device_ids, and fully_shard's sharding, training parity and mixed
-precision, two ranks on emulated GPUs."""
+"""test_c10d_gloo- and FSDP2-style tests (MultiProcessTestCase, FSDPTest): gloo collectives on CUDA tensors, DDP
+and a DTensor over gloo, and fully_shard's training parity, sharded parameters and mixed precision, two ranks on
+emulated GPUs."""
 import copy, torch, torch.nn as nn, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing._internal.common_distributed import MultiProcessTestCase, skip_if_lt_x_gpu, requires_gloo
-from torch.testing._internal.common_fsdp import FSDPTest, FSDPTestMultiThread, MLP
+from torch.testing._internal.common_fsdp import FSDPTest, MLP
 from torch.testing._internal.common_utils import run_tests
 
 
@@ -46,6 +47,14 @@ class GlooCudaTest(MultiProcessTestCase):
         ref(xs.reshape(8, 5)).pow(2).sum().div(2).backward()
         self.assertEqual(m.weight.grad.cpu(), ref.weight.grad)
         self.assertEqual(m.bias.grad.device, dev)
+        # a DTensor on a cuda mesh over the gloo group: its device is its shard's GPU, values as sharded
+        mesh = init_device_mesh("cuda", (self.world_size,))
+        full = torch.arange(12.0).view(4, 3)
+        d = distribute_tensor(full.to(dev), mesh, [Shard(0)])
+        self.assertIsInstance(d, DTensor)
+        self.assertEqual(d.device, dev)
+        self.assertEqual(d.to_local().cpu(), full.chunk(self.world_size)[self.rank])
+        self.assertEqual(d.full_tensor().cpu(), full)
         # DDP's reducer and the async work hold the gloo group: dropped after destroy_process_group, the group's
         # destructor hung the process in 1 of 5 runs here, with plain CPU torch too (no emulator)
         del ddp, work
@@ -63,6 +72,11 @@ class FullyShardTrainTest(FSDPTest):
         for mlp in model:
             fully_shard(mlp)
         fully_shard(model)
+        for p, r in zip(model.parameters(), ref.parameters()):
+            self.assertIsInstance(p, DTensor)
+            self.assertEqual(p.placements, (Shard(0),))
+            self.assertEqual(p.device, torch.device("cuda", self.rank))
+            self.assertEqual(p.to_local(), r.chunk(self.world_size)[self.rank].to(self.rank))
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
         for step in range(3):
@@ -94,28 +108,6 @@ class FullyShardTrainTest(FSDPTest):
         for p in mp_model.parameters():
             self.assertEqual(p.dtype, torch.float32)
             self.assertEqual(p.grad.dtype, torch.float32)
-
-
-class FullyShardInitTest(FSDPTestMultiThread):
-    @property
-    def world_size(self): return 2
-    @skip_if_lt_x_gpu(1)
-    def test_sharded_params_and_state_dict(self):
-        torch.manual_seed(0)
-        model = MLP(6, torch.device("cuda"))
-        full = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        fully_shard(model)
-        for name, p in model.named_parameters():
-            self.assertIsInstance(p, DTensor)
-            self.assertEqual(p.placements, (Shard(0),))
-            self.assertEqual(p.device.type, "cuda")
-            local = p.to_local()
-            chunk = full[name].chunk(self.world_size)[self.rank]
-            self.assertEqual(local, chunk)
-        sd = model.state_dict()
-        self.assertEqual(set(sd), set(full))
-        for name, value in sd.items():
-            self.assertEqual(value.full_tensor(), full[name])
 
 
 if __name__ == "__main__":
