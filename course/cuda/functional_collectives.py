@@ -132,8 +132,12 @@ def _group_name_arg(func, args, kwargs):
 def _collective(cls, func, types, args, kwargs):
     group = _group(_group_name_arg(func, args, kwargs))
     register()
-    if group is None:  # not an emulated NCCL group (gloo on emulated GPUs): the generic path
-        return kernels.run_kernel(devices.current_emulator(str(func)), func, args, kwargs)
+    if group is None:  # not an emulated NCCL group (gloo on emulated GPUs): the generic path, waited for at once
+        out = kernels.run_kernel(devices.current_emulator(str(func)), func, args, kwargs)
+        for tensor in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(tensor, EmulatedTensor):
+                _ops.wait_tensor.default(tensor._inner)
+        return out
     return _RULES[func](group, args, kwargs)
 
 
