@@ -8,7 +8,7 @@ and the op itself would be charged once more as a compute kernel. The rules belo
 make the output (no kernel, as `at::empty`; a copy for the all-reduce family, as `clone`), call the same
 collective of the process group on the emulated tensors, and let `wait_tensor` make the current stream wait
 for it. With an emulated NCCL group that collective is the timed one of course/cuda/nccl.py; any other group
-gets the generic path, unchanged.
+gets the generic path, waited for before its result is handed back.
 """
 from __future__ import annotations
 
@@ -132,7 +132,10 @@ def _group_name_arg(func, args, kwargs):
 def _collective(cls, func, types, args, kwargs):
     group = _group(_group_name_arg(func, args, kwargs))
     register()
-    if group is None:  # not an emulated NCCL group (gloo on emulated GPUs): the generic path, waited for at once
+    # Not an emulated NCCL group (gloo on emulated GPUs): the generic path. Its work is registered under the CPU
+    # tensor inside, which wait_tensor on the emulated one never reaches: waited for here, or the result is read
+    # before gloo has written it.
+    if group is None:
         out = kernels.run_kernel(devices.current_emulator(str(func)), func, args, kwargs)
         for tensor in out if isinstance(out, (list, tuple)) else [out]:
             if isinstance(tensor, EmulatedTensor):
@@ -142,11 +145,8 @@ def _collective(cls, func, types, args, kwargs):
 
 
 def _wait_tensor(cls, func, types, args, kwargs):
-    """The current stream waits for the collective that wrote the tensor; the tensor itself comes back. A collective
-    of the generic path (gloo) registered its work under the CPU tensor inside, and may still be writing it: that
-    work is waited for too (C++ wait_tensor returns at once for a tensor with no work)."""
+    """The current stream waits for the collective that wrote the tensor; the tensor itself comes back."""
     tensor = args[0]
-    _ops.wait_tensor.default(tensor._inner)
     emu = devices.current_emulator("wait_tensor")
     device = tensor._device_index
     if device != devices.CPU:
