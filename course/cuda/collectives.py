@@ -11,6 +11,7 @@ import torch
 import torch.nn.parallel._functions
 
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, parse_device, wrap
+from course.cuda.kernels import _storage_nbytes
 from course.cuda.transfers import _raw_move, charge_copy, device_of
 from course.machine import costs
 
@@ -52,7 +53,7 @@ def _collective(emu, name: str, devices: list[int], duration_ns: int, tensors, n
 
 
 def _nbytes(tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+    return _storage_nbytes(_inner(tensor)) if tensor.is_sparse else tensor.numel() * tensor.element_size()
 
 
 def _inner(tensor):
@@ -63,7 +64,7 @@ def _new_on(emu, device: int, inner: torch.Tensor, ready_ns: int):
     """Wrap a freshly computed CPU tensor as a result living on `device`."""
     if device == CPU:
         return inner
-    block = emu.memory.allocate(device, inner.untyped_storage().nbytes(), ready_ns)
+    block = emu.memory.allocate(device, _storage_nbytes(inner), ready_ns)
     return wrap(inner, device, block)
 
 
@@ -141,7 +142,9 @@ def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
     positions = [[t for t in position if isinstance(t, EmulatedTensor) or t.dim() > 0 and t.any()]
                  for position in originals]
     devices = [_check_collective("reduce_add", position) for position in positions if position]
-    destination = (devices[0][0] if devices else CPU) if destination is None else _gpu_index(destination)
+    if destination is None:
+        destination = devices[0][0] if devices else torch.cuda.current_device()
+    destination = _gpu_index(destination)
     lanes = sorted({d for position in devices for d in position} | ({destination} - {CPU}))
     results, group, group_bytes = {}, [], 0
     for index, position in enumerate(positions):

@@ -20,8 +20,8 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         graphs, interception, kernels, legacy_types, module_calls, nccl, nested_fastpath, profiling,
-                         rpc, storages, wall_clock)
+                         fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl, nested_fastpath,
+                         profiling, rpc, storages, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -151,8 +151,10 @@ class Emulator:
             self._patch(target, replacements)
         for target, replacements in wall_clock.PATCHES:  # torch.utils.benchmark.Timer reads the simulated clock
             self._patch(target, replacements)
-        # FSDP1 imported after the process group was made (course/cuda/fsdp1.py)
-        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_fsdp1)] + sys.meta_path})
+        # FSDP1 imported after the process group was made (course/cuda/fsdp1.py); FSDP2 and DTensor imported at all,
+        # since a group that is not emulated NCCL (the threaded one of FSDPTestMultiThread) never installs them
+        sharded = (fsdp1.INIT_MODULE, fsdp2.FSDP_MODULE, fsdp2.DTENSOR_MODULE)
+        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded)] + sys.meta_path})
         devices.active = self
         autocast.install()
         self._env_before = environment.publish(self._config())
@@ -195,9 +197,8 @@ class Emulator:
             self._saved.append((module, name, original))
             setattr(module, name, replacement)
 
-    def _patch_fsdp1(self) -> None:
-        for target, replacements in fsdp1.patches():
-            self._patch(target, replacements)
+    def _patch_sharded(self) -> None:
+        nccl._install_sharded_support(self)
 
     def __enter__(self) -> "Emulator":
         return self.start()

@@ -109,25 +109,26 @@ def patches() -> list:
     """(module, replacements) for FSDP1's flat-parameter module once it is imported and not yet patched."""
     module = sys.modules.get(FLAT_PARAM_MODULE)
     handle = getattr(module, "FlatParamHandle", None)
-    if handle is None or getattr(handle.shard, "course_emulated", False):
+    init = sys.modules.get(INIT_MODULE)  # imported after _flat_param: until then, its import hook comes later
+    if handle is None or init is None or getattr(handle.shard, "course_emulated", False):
         return []
     helpers = {"_alloc_storage": _alloc_storage(module._alloc_storage),
                "_free_storage": _free_storage(module._free_storage)}
     helpers.update({name: _on_inner(getattr(module, name), test) for name, test in _STORAGE_TESTS.items()})
-    init = sys.modules[INIT_MODULE]
     return [(handle, {"shard": _shard(handle.shard)}), (module, helpers),
             (init, {"_move_states_to_device": _move_states_to_device(init._move_states_to_device)})]
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
-    """An import hook, on `sys.meta_path` while the emulator runs: once FSDP1's `_init_utils` (which imports
-    `_flat_param`) has run, `install` puts the replacements above in place, before any FSDP1 wrapper is made."""
+    """An import hook, on `sys.meta_path` while the emulator runs: once one of `names` (FSDP1's `_init_utils`, which
+    imports `_flat_param`, by default) has run, `install` puts the replacements in place, before any wrapper is made."""
 
-    def __init__(self, install):
+    def __init__(self, install, names=(INIT_MODULE,)):
         self._install = install
+        self._names = names
 
     def find_spec(self, name, path=None, target=None):
-        if name != INIT_MODULE:
+        if name not in self._names:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is None or spec.loader is None:

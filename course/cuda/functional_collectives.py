@@ -8,7 +8,7 @@ and the op itself would be charged once more as a compute kernel. The rules belo
 make the output (no kernel, as `at::empty`; a copy for the all-reduce family, as `clone`), call the same
 collective of the process group on the emulated tensors, and let `wait_tensor` make the current stream wait
 for it. With an emulated NCCL group that collective is the timed one of course/cuda/nccl.py; any other group
-gets the generic path, unchanged.
+gets the generic path, waited for before its result is handed back.
 """
 from __future__ import annotations
 
@@ -132,8 +132,15 @@ def _group_name_arg(func, args, kwargs):
 def _collective(cls, func, types, args, kwargs):
     group = _group(_group_name_arg(func, args, kwargs))
     register()
-    if group is None:  # not an emulated NCCL group (gloo on emulated GPUs): the generic path
-        return kernels.run_kernel(devices.current_emulator(str(func)), func, args, kwargs)
+    # Not an emulated NCCL group (gloo on emulated GPUs): the generic path. Its work is registered under the CPU
+    # tensor inside, which wait_tensor on the emulated one never reaches: waited for here, or the result is read
+    # before gloo has written it.
+    if group is None:
+        out = kernels.run_kernel(devices.current_emulator(str(func)), func, args, kwargs)
+        for tensor in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(tensor, EmulatedTensor):
+                _ops.wait_tensor.default(tensor._inner)
+        return out
     return _RULES[func](group, args, kwargs)
 
 

@@ -467,7 +467,8 @@ def _install_sharded_support(emu) -> None:
 
     Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
     of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
-    calls this cheap check: the first call after the import puts the handling in place.
+    calls this cheap check: the first call after the import puts the handling in place. The emulator's import
+    hook calls it too, for groups that are not emulated NCCL (the threaded one of PyTorch's FSDP tests).
     """
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
         for target, replacements in fsdp2.patches():
