@@ -57,3 +57,9 @@ def test_every_figure_is_one_the_chapter_prints(chapter, text):
             stale.append(figure)
     assert not stale, (f"{PAGE.name} quotes {stale} for {chapter}, which neither prints them (rounded as the page "
                        f"rounds) nor uses them as inputs: re-read the chapter's outputs and update the page")
+
+
+def test_the_learners_copy_is_the_same_page():
+    """notebooks/ holds the page learners open; it is a copy of the instructors' one, kept by hand."""
+    learners = ROOT / "notebooks" / PAGE.name
+    assert learners.read_text() == PAGE.read_text(), f"copy {PAGE} to {learners}"
