@@ -301,3 +301,23 @@ def test_loading_into_a_trained_ddp_model_copies_into_its_parameters(emu, tmp_pa
         torch.testing.assert_close(model.module.weight.grad.cpu(), torch.ones(2, 4))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_programs_own_storage_cuda_is_on_the_gpu(emu):
+    """`storage.cuda(i)` / `.to(device=...)` outside torch.load: the copy says it is on that GPU (it said 'cpu'), is
+    counted there, and comes back to the host byte for byte."""
+    host = torch.UntypedStorage(16)
+    host[3] = 42
+    before = torch.cuda.memory_allocated(1)
+    moved = host.cuda(1)
+    assert moved.device == torch.device("cuda", 1)
+    assert torch.cuda.memory_allocated(1) - before >= 16
+    assert moved.cpu().device.type == "cpu" and moved.cpu().tolist() == host.tolist()
+    on_gpu = torch.arange(4.0, device="cuda:0").untyped_storage()
+    assert on_gpu.to(device="cuda:1").device == torch.device("cuda", 1)
+    assert torch.arange(3.0).untyped_storage().cuda().device == torch.device("cuda", 0)
+    buffer = io.BytesIO()
+    torch.save(torch.arange(5.0, device="cuda:1"), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location=lambda storage, location: storage.cuda(0))
+    assert loaded.device == torch.device("cuda", 0) and loaded.sum().item() == 10.0

@@ -40,6 +40,8 @@ _CUDA_LOCATION = re.compile(r"cuda(:|[0-9]+|$)")  # what torch.serialization._de
 
 # Per thread, while torch.save runs: storage (by `_cdata`, as torch.save keys them) -> (storage, GPU index).
 _saving = threading.local()
+# Per thread, while torch.load runs (its storages must keep showing the CPU, see _storage_to).
+_loading = threading.local()
 
 
 def saving() -> bool:
@@ -104,6 +106,18 @@ def reduce_for_save(tensor: EmulatedTensor):
     return rebuild, args + ((metadata,) if metadata else ())
 
 
+def _during_load(load):
+    @functools.wraps(load)
+    def wrapper(*args, **kwargs):
+        outer = getattr(_loading, "active", False)
+        _loading.active = True
+        try:
+            return load(*args, **kwargs)
+        finally:
+            _loading.active = outer
+    return wrapper
+
+
 def _tag(storage) -> str | None:
     """Location tag of a storage torch.save is writing: 'cuda:i' for an emulated GPU's."""
     storages = getattr(_saving, "storages", None)
@@ -166,7 +180,10 @@ def _storage_to(self, *, device, non_blocking=False):
     """`storage.to(device)` and `storage.cuda(i)`, as in `map_location=lambda storage, loc: storage.cuda(i)`."""
     device = torch.device(device)
     if device.type == "cuda":
-        return _to_gpu(self, parse_device(device), non_blocking=non_blocking)
+        moved = _to_gpu(self, parse_device(device), non_blocking=non_blocking)
+        if not getattr(_loading, "active", False):  # a program's own storage.cuda(): its .device says so
+            moved._course_shown_on = moved._course_block
+        return moved
     block = _block(self)
     if device.type == "cpu" and block is not None:
         emu = current_emulator("copy to cpu")
@@ -188,6 +205,8 @@ def patches() -> list[tuple[object, dict]]:
     registry = [(0, _tag, _restore)] + torch.serialization._package_registry
     return [(torch.serialization, {"_package_registry": registry,
                                    "_save": _during_save(torch.serialization._save),
-                                   "_legacy_save": _during_save(torch.serialization._legacy_save)}),
+                                   "_legacy_save": _during_save(torch.serialization._legacy_save),
+                                   "_load": _during_load(torch.serialization._load),
+                                   "_legacy_load": _during_load(torch.serialization._legacy_load)}),
             (torch._utils, {"_restore_device_fake_mode": _restore_device}),
             (torch.UntypedStorage, {"to": _storage_to, "cpu": _storage_cpu})]
