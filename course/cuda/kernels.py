@@ -43,7 +43,7 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding", "restrides", "writes_in_place", "alert", "programs_cuda_kernel")
+                 "special", "embedding", "restrides", "writes_in_place", "alert", "python_cuda_kernel")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -70,10 +70,11 @@ class _OpInfo:
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
-        # A CUDA kernel the program registered (torch.library.custom_op's register_kernel("cuda"), Library.impl with
-        # "CUDA"): a GPU runs it rather than the op's CPU kernel. A CPU build has CUDA kernels of its own only for
-        # c10d's collectives and a few of PyTorch's own ops.
-        self.programs_cuda_kernel = func.namespace not in ("aten", "c10d", "_native") and \
+        # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
+        # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
+        # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
+        # has in C++ (c10d's collectives, two aten/_native ops) are the emulator's to model.
+        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native") and \
             torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
 
 
@@ -259,14 +260,14 @@ def run_kernel(emu, func, args, kwargs):
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
         device = t._device_index
-    if info.programs_cuda_kernel and device is not None and device != CPU:
+    if info.python_cuda_kernel and device is not None and device != CPU:
         return func.redispatch(_CUDA_KEYS, *args, **kwargs)  # its ops run on the emulated tensors, and are timed
     if info.special:
         if func is torch.ops.aten.copy_.default and not scratch and _crosses_devices(tensors):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
-    if info.alert is not None and device is not None and device != CPU:
+    if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
     try:
         out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
@@ -401,6 +402,7 @@ def _given_back(emu, info, same: EmulatedTensor, out: torch.Tensor, args, device
 
 
 _inference_mode_enabled = torch._C.is_inference_mode_enabled
+_deterministic = torch.are_deterministic_algorithms_enabled
 
 
 def _view_of(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedTensor:
