@@ -233,15 +233,29 @@ def _unwrap(value, tensors: list):
 
 
 _SCALARS = (int, float, bool, type(None))
+_torch_function_mode_on = torch._C._is_torch_function_mode_enabled
+_no_torch_function = torch._C.DisableTorchFunction
 
 
 def run_kernel(emu, func, args, kwargs):
     """Run one aten op on the CPU and charge it to the simulated GPU it runs on.
 
-    Every op of a training step passes here, so the usual case (EmulatedTensors on one device, one tensor out)
-    is checked first and takes the shortest path; PyTorch's rules for mixing devices run only when needed.
+    The autograd engine runs backward's ops with the thread's torch-function modes on (EmulatorMode, a program's
+    own), where a forward op's arrive with them off: each tensor method the dispatcher calls (a stride, a size)
+    would be one more Python call through them. A GPU's kernels run below them, so the dispatcher does too; a
+    CUDA kernel written in Python keeps them, since its body may call the torch API.
     """
     info = _OP_INFO.get(func._op) or _op_info(func)
+    if _torch_function_mode_on() and not info.python_cuda_kernel:
+        with _no_torch_function():
+            return _dispatch(emu, func, info, args, kwargs)
+    return _dispatch(emu, func, info, args, kwargs)
+
+
+def _dispatch(emu, func, info, args, kwargs):
+    """`run_kernel`'s work. Every op of a training step passes here, so the usual case (EmulatedTensors on one
+    device, one tensor out) is checked first and takes the shortest path; PyTorch's rules for mixing devices run
+    only when needed."""
     tensors: list[torch.Tensor] = []
     un_args = []
     for a in args:
