@@ -31,8 +31,15 @@ def _on_emulated_gpu(*tensors) -> bool:
     return all(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in tensors)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+def scaled_dot_product_attention(*args, **kwargs):
+    """`F.scaled_dot_product_attention` on the emulator. Its tensor calls name no device, so they need none of the
+    emulator's routing: they skip its torch-function layer (a Python call each, on a call every attention layer makes)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return _scaled_dot_product_attention(*args, **kwargs)
+
+
+def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                  enable_gqa=False):
     """SDPA as one fused kernel where CUDA would run one; PyTorch's own path everywhere else.
 
     The fused CPU op needs as many key/value heads as query heads. With grouped-query attention and no mask,
@@ -46,10 +53,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                                                                 -float("inf"))
     fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
     if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
-        with torch._C.DisableTorchFunctionSubclass():
-            return torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                enable_gqa=enable_gqa)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa)
     # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
     query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
     if attn_mask is not None and attn_mask.dim() not in (2, 4):  # SDPA broadcasts any mask; the fused op wants 4-D

@@ -110,16 +110,17 @@ class EmulatedTensor(torch.Tensor):
     def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
         tensor = None
         if inner.is_contiguous() and not inner.storage_offset() and inner.layout is torch.strided:
-            # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one).
+            # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one;
+            # `.shape` is cheaper than `.size()`, a method call that parses its arguments, for the same reason).
             # Contiguous is not always default: a size-1 dimension's stride may be anything (`x.t_()` of a row).
-            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.size(), dtype=inner.dtype, device=inner.device,
+            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device,
                                                          requires_grad=requires_grad)
             if tensor.stride() != inner.stride():
                 tensor = None
         if tensor is None:
             tensor = torch.Tensor._make_wrapper_subclass(
                 cls,
-                inner.size(),
+                inner.shape,
                 strides=inner.stride(),
                 storage_offset=inner.storage_offset(),
                 dtype=inner.dtype,

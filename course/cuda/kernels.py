@@ -458,17 +458,18 @@ _TERMS_BY_SHAPE: dict = {}
 
 
 def _shape_key(value):
-    if isinstance(value, torch.Tensor):
-        return value.shape
+    """The arguments with each tensor replaced by its shape, hashable (lists become tuples)."""
     if type(value) in (list, tuple):
-        return tuple([_shape_key(v) for v in value])
-    return value
+        return tuple([v.shape if isinstance(v, torch.Tensor) else _shape_key(v) for v in value])
+    return value.shape if isinstance(value, torch.Tensor) else value
 
 
 def _matmul_terms(func, args, kwargs, out) -> tuple[int, tuple[int, int, int, int] | None]:
     """FLOPs and GEMM shape of a tensor-core op. Both depend on shapes only, and a training loop repeats the same
     shapes: work each out once."""
-    key = (func._op, _shape_key(args), _shape_key(tuple(sorted(kwargs.items()))))  # the C++ operator hashes in C
+    key = (func._op, _shape_key(args))  # the C++ operator hashes in C
+    if kwargs:
+        key += (_shape_key(tuple(sorted(kwargs.items()))),)
     try:
         return _TERMS_BY_SHAPE[key]
     except KeyError:
