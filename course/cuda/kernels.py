@@ -248,14 +248,9 @@ def run_kernel(emu, func, args, kwargs):
     info = _OP_INFO.get(func._op) or _op_info(func)
     if _torch_function_mode_on() and not info.python_cuda_kernel:
         with _no_torch_function():
-            return _dispatch(emu, func, info, args, kwargs)
-    return _dispatch(emu, func, info, args, kwargs)
-
-
-def _dispatch(emu, func, info, args, kwargs):
-    """`run_kernel`'s work. Every op of a training step passes here, so the usual case (EmulatedTensors on one
-    device, one tensor out) is checked first and takes the shortest path; PyTorch's rules for mixing devices run
-    only when needed."""
+            return run_kernel(emu, func, args, kwargs)  # the same op, the modes now off
+    # Every op of a training step passes here, so the usual case (EmulatedTensors on one device, one tensor out) is
+    # checked first and takes the shortest path; PyTorch's rules for mixing devices run only when needed.
     tensors: list[torch.Tensor] = []
     un_args = []
     for a in args:
