@@ -33,7 +33,7 @@ def _on_emulated_gpu(*tensors) -> bool:
 
 def scaled_dot_product_attention(*args, **kwargs):
     """`F.scaled_dot_product_attention` on the emulator. Its tensor calls name no device, so they need none of the
-    emulator's routing: they skip its torch-function layer (a Python call each, on a call every attention layer makes)."""
+    emulator's routing: they skip its torch-function layer (a Python call each, in every attention layer's call)."""
     with torch._C.DisableTorchFunctionSubclass():
         return _scaled_dot_product_attention(*args, **kwargs)
 
