@@ -600,6 +600,41 @@ def test_lstsq_on_a_gpu_uses_gels_as_cuda_does(emu):
     assert torch.linalg.lstsq(a, b).rank.item() == 3  # CPU tensors keep the CPU's drivers
 
 
+def _float8(shape):
+    x = torch.randn(*shape)
+    return (x * 448 / x.abs().max()).to(torch.float8_e4m3fn), (x.abs().max() / 448).float()
+
+
+def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
+    """torch._scaled_mm: an A100 (sm_80) refuses it with CUDA's error, where the CPU kernel would compute it; an H100
+    computes what the CPU does, and refuses the shapes cuBLASLt cannot take."""
+    torch.manual_seed(0)
+    (a, sa), (b, sb) = _float8((32, 64)), _float8((48, 64))
+    on_cpu = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    with course.emulate(gpus=1, gpu="A100-80GB"):
+        with pytest.raises(RuntimeError, match=r"compute capability >= 9.0 or 8.9"):
+            torch._scaled_mm(a.cuda(), b.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out_dtype=torch.float32)
+    with course.emulate(gpus=1, gpu="H100"):
+        on_gpu = torch._scaled_mm(a.cuda(), b.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out_dtype=torch.float32)
+        assert on_gpu.device.type == "cuda"
+        torch.testing.assert_close(on_gpu.cpu(), on_cpu)
+        (c, sc) = _float8((32, 24))
+        with pytest.raises(RuntimeError, match=r"trailing dimension of mat1 to be divisible by 16"):
+            torch._scaled_mm(c.cuda(), b.cuda()[:, :24].t(), scale_a=sc.cuda(), scale_b=sb.cuda())
+    torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes it
+
+
+def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
+    """torch._int_mm on a GPU: int32 results equal the CPU's, and the small shapes only the CPU kernel takes are
+    refused with `_int_mm_out_cuda`'s words."""
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8)
+    b = torch.randint(-128, 128, (64, 16), dtype=torch.int8)
+    assert torch.equal(torch._int_mm(a.cuda(), b.cuda()).cpu(), torch._int_mm(a, b))
+    with pytest.raises(RuntimeError, match=r"self.size\(0\) needs to be greater than 16, but got 8"):
+        torch._int_mm(a[:8].cuda(), b.cuda())
+    assert torch._int_mm(a[:8], b).shape == (8, 16)  # the CPU kernel takes it
+
+
 def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
     """torch.library: a GPU runs the op's CUDA kernel; with CPU and CUDA kernels that differ, the CPU one must not
     stand in silently, and an op with a CUDA kernel only must run. Its ops run (and are timed) on the GPU."""
