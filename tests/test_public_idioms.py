@@ -703,3 +703,26 @@ def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         got = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), attn_mask=mask.cuda())
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
+    """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item() and nonzero or
+    boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain kernels; 'error' raises;
+    'default' is silent, and get_sync_debug_mode gives the mode back as PyTorch's integer."""
+    x = torch.randn(64, 64).cuda()
+    torch.cuda.set_sync_debug_mode("warn")
+    assert torch.cuda.get_sync_debug_mode() == 1
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        y = x @ x
+        x.to("cuda:1", non_blocking=True)
+        torch.randn(8).to("cuda", non_blocking=True)
+    assert not [w for w in quiet if "synchronizing" in str(w.message)]
+    for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu()):
+        with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
+            syncing()
+    torch.cuda.set_sync_debug_mode("error")
+    with pytest.raises(RuntimeError, match="called a synchronizing CUDA operation"):
+        torch.nonzero(y > 0)
+    torch.cuda.set_sync_debug_mode(0)
+    assert torch.nonzero(y > 0).shape[0] == int((y.cpu() > 0).sum())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, graphs, rng, sharing, wall_clock
+from course.cuda import cuda_bindings, graphs, rng, sharing, sync_debug, wall_clock
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -507,6 +507,8 @@ PATCHES = {
     "max_memory_reserved": max_memory_allocated,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "mem_get_info": mem_get_info,
+    "set_sync_debug_mode": sync_debug.set_sync_debug_mode,
+    "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
     "is_current_stream_capturing": graphs.is_current_stream_capturing,
     "_lazy_init": _lazy_init,
     "CUDAGraph": graphs.CUDAGraph,
