@@ -706,8 +706,9 @@ def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
 
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
-    """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item() and nonzero or
-    boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain kernels; 'error' raises;
+    """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
+    synchronize and nonzero or boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain
+    kernels; 'error' raises;
     'default' is silent, and get_sync_debug_mode gives the mode back as PyTorch's integer."""
     x = torch.randn(64, 64).cuda()
     torch.cuda.set_sync_debug_mode("warn")
@@ -718,7 +719,8 @@ def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
         x.to("cuda:1", non_blocking=True)
         torch.randn(8).to("cuda", non_blocking=True)
     assert not [w for w in quiet if "synchronizing" in str(w.message)]
-    for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu()):
+    for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu(),
+                    lambda: torch.cuda.current_stream().synchronize()):
         with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
             syncing()
     torch.cuda.set_sync_debug_mode("error")

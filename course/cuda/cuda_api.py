@@ -141,7 +141,9 @@ class Stream(torch._C.Stream):
         return graphs.is_current_stream_capturing() and self == torch.cuda.current_stream(self.device)
 
     def synchronize(self) -> None:
-        _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
+        emu = _emu()
+        sync_debug.on_sync(emu)  # c10::cuda::stream_synchronize
+        emu.clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
 
     def __enter__(self):
         self._context = torch.cuda.StreamContext(self)
