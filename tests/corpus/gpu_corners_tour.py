@@ -118,5 +118,4 @@ res = {}
 low_precision(res)
 debugging_fft_sparse(res)
 checkpointing(res)
-res["_tolerance"] = [2e-3, 1e-3]
 print("RESULT " + json.dumps(res))
