@@ -126,8 +126,9 @@ def _fsdp_cpu_module_rank(rank, world_size):
 
 def test_fsdp2_shards_a_cpu_module_onto_the_gpu_and_offloads_to_the_host():
     """fully_shard(cpu_module) moves it to the mesh's GPU (FSDP2 sets `param.data`, which the emulator swaps
-    instead: a reference kept to a parameter sees it moved, as on a GPU); with CPUOffloadPolicy the shards and their gradients live on the host, and
-    get_model_state_dict(full_state_dict=True) moves them to the GPU to all-gather: values as one model's."""
+    instead: a reference kept to a parameter sees it moved, as on a GPU); with CPUOffloadPolicy the shards and their
+    gradients live on the host, and get_model_state_dict(full_state_dict=True) moves them to the GPU to all-gather:
+    values as one model's."""
     with course.emulate(gpus=2):
         results = course.run_threads(_fsdp_cpu_module_rank, 2, backend="nccl")
     for rank, (kept, device, offloaded_device, grads, offloaded_grad_devices, full_devices, full_w) in \

@@ -1,9 +1,9 @@
 """`torch.cuda.set_sync_debug_mode`: warn about (or refuse) the operations that make the host wait for a GPU.
 
 CUDA PyTorch calls `c10::cuda::warn_or_error_on_sync()` (c10/cuda/CUDAFunctions.cpp) from `memcpy_and_sync` and
-`stream_synchronize`: a blocking copy to or from a GPU, `.item()`, `Stream.synchronize()`, and the ops whose output size comes
-from the GPU's data (nonzero, masked_select, unique, boolean-mask indexing). The emulator knows each of those
-places, so the mode acts there, with PyTorch's words; an explicit torch.cuda.synchronize() does not warn, as on a GPU.
+`stream_synchronize`: a blocking copy to or from a GPU, `.item()`, `Stream.synchronize()`, and the ops whose output
+size comes from the GPU's data (nonzero, masked_select, unique, boolean-mask indexing). The emulator knows each of
+those places, so the mode acts there, with PyTorch's words; torch.cuda.synchronize() does not warn, as on a GPU.
 """
 from __future__ import annotations
 
