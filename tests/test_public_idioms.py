@@ -600,6 +600,41 @@ def test_lstsq_on_a_gpu_uses_gels_as_cuda_does(emu):
     assert torch.linalg.lstsq(a, b).rank.item() == 3  # CPU tensors keep the CPU's drivers
 
 
+def _float8(shape):
+    x = torch.randn(*shape)
+    return (x * 448 / x.abs().max()).to(torch.float8_e4m3fn), (x.abs().max() / 448).float()
+
+
+def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
+    """torch._scaled_mm: an A100 (sm_80) refuses it with CUDA's error, where the CPU kernel would compute it; an H100
+    computes what the CPU does, and refuses the shapes cuBLASLt cannot take."""
+    torch.manual_seed(0)
+    (a, sa), (b, sb) = _float8((32, 64)), _float8((48, 64))
+    on_cpu = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    with course.emulate(gpus=1, gpu="A100-80GB"):
+        with pytest.raises(RuntimeError, match=r"compute capability >= 9.0 or 8.9"):
+            torch._scaled_mm(a.cuda(), b.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out_dtype=torch.float32)
+    with course.emulate(gpus=1, gpu="H100"):
+        on_gpu = torch._scaled_mm(a.cuda(), b.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out_dtype=torch.float32)
+        assert on_gpu.device.type == "cuda"
+        torch.testing.assert_close(on_gpu.cpu(), on_cpu)
+        (c, sc) = _float8((32, 24))
+        with pytest.raises(RuntimeError, match=r"trailing dimension of mat1 to be divisible by 16"):
+            torch._scaled_mm(c.cuda(), b.cuda()[:, :24].t(), scale_a=sc.cuda(), scale_b=sb.cuda())
+    torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes it
+
+
+def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
+    """torch._int_mm on a GPU: int32 results equal the CPU's, and the small shapes only the CPU kernel takes are
+    refused with `_int_mm_out_cuda`'s words."""
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8)
+    b = torch.randint(-128, 128, (64, 16), dtype=torch.int8)
+    assert torch.equal(torch._int_mm(a.cuda(), b.cuda()).cpu(), torch._int_mm(a, b))
+    with pytest.raises(RuntimeError, match=r"self.size\(0\) needs to be greater than 16, but got 8"):
+        torch._int_mm(a[:8].cuda(), b.cuda())
+    assert torch._int_mm(a[:8], b).shape == (8, 16)  # the CPU kernel takes it
+
+
 def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
     """torch.library: a GPU runs the op's CUDA kernel; with CPU and CUDA kernels that differ, the CPU one must not
     stand in silently, and an op with a CUDA kernel only must run. Its ops run (and are timed) on the GPU."""
@@ -668,3 +703,52 @@ def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         got = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), attn_mask=mask.cuda())
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
+    """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
+    synchronize and nonzero or boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain
+    kernels; 'error' raises;
+    'default' is silent, and get_sync_debug_mode gives the mode back as PyTorch's integer."""
+    x = torch.randn(64, 64).cuda()
+    torch.cuda.set_sync_debug_mode("warn")
+    assert torch.cuda.get_sync_debug_mode() == 1
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        y = x @ x
+        x.to("cuda:1", non_blocking=True)
+        torch.randn(8).to("cuda", non_blocking=True)
+    assert not [w for w in quiet if "synchronizing" in str(w.message)]
+    for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu(),
+                    lambda: torch.cuda.current_stream().synchronize()):
+        with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
+            syncing()
+    torch.cuda.set_sync_debug_mode("error")
+    with pytest.raises(RuntimeError, match="called a synchronizing CUDA operation"):
+        torch.nonzero(y > 0)
+    torch.cuda.set_sync_debug_mode(0)
+    assert torch.nonzero(y > 0).shape[0] == int((y.cpu() > 0).sum())
+
+
+def test_torchscript_of_gpu_modules_runs_and_saves_their_values(emu, tmp_path):
+    """torch.jit.script and trace of a GPU module give eager's numbers; saving one (which crashed the process with a
+    segmentation fault, or wrote zeros once its parameters moved back to the host) writes the values, which load
+    on the CPU, or onto a GPU with map_location (which PyTorch's C++ refused: "not linked with support for cuda")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4), nn.ReLU()).cuda().eval()
+    x = torch.randn(3, 6).cuda()
+    want = model(x).cpu()
+    scripted, traced = torch.jit.script(model), torch.jit.trace(model, x)
+    torch.testing.assert_close(scripted(x).cpu(), want)
+    torch.testing.assert_close(traced(x).cpu(), want)
+    torch.jit.save(traced, tmp_path / "traced.pt")
+    scripted.save(str(tmp_path / "scripted.pt"))
+    assert all(p.is_cuda for p in scripted.parameters()) and all(p.is_cuda for p in traced.parameters())
+    for name in ("traced.pt", "scripted.pt"):
+        torch.testing.assert_close(torch.jit.load(tmp_path / name, map_location="cpu")(x.cpu()), want)
+    model.cpu()  # the scripted module holds the parameters: they move by `.data =` and stay emulated tensors
+    torch.jit.save(torch.jit.script(model), tmp_path / "moved.pt")
+    torch.testing.assert_close(torch.jit.load(tmp_path / "moved.pt")(x.cpu()), want)
+    on_gpu = torch.jit.load(tmp_path / "traced.pt", map_location="cuda:1")
+    assert {p.device for p in list(on_gpu.parameters()) + list(on_gpu.buffers())} == {torch.device("cuda:1")}
+    torch.testing.assert_close(on_gpu(x.to("cuda:1")).cpu(), want)

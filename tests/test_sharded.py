@@ -105,6 +105,43 @@ def test_fsdp2_gradients_match_one_model_and_collectives_are_timed():
         assert ("nccl:reduce_scatter", f"cuda:{rank}") in names
 
 
+def _fsdp_cpu_module_rank(rank, world_size):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    on_gpu, offloaded = _mlp(), _mlp()  # built on the CPU: fully_shard moves them to the mesh's GPU
+    weight = on_gpu[0].weight
+    fully_shard(on_gpu, mesh=mesh)
+    fully_shard(offloaded, mesh=mesh, offload_policy=CPUOffloadPolicy())
+    on_gpu(_batch().cuda()).square().mean().backward()
+    offloaded(_batch().cuda()).square().mean().backward()
+    full = get_model_state_dict(offloaded, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return (weight.device, on_gpu[0].weight.to_local().device, offloaded[0].weight.to_local().device,
+            [p.grad.full_tensor().cpu() for p in on_gpu.parameters()], [p.grad.to_local().device for p in
+                                                                         offloaded.parameters()],
+            {k: v.device for k, v in full.items()}, full.get("0.weight"))
+
+
+def test_fsdp2_shards_a_cpu_module_onto_the_gpu_and_offloads_to_the_host():
+    """fully_shard(cpu_module) moves it to the mesh's GPU (FSDP2 sets `param.data`, which the emulator swaps
+    instead: a reference kept to a parameter sees it moved, as on a GPU); with CPUOffloadPolicy the shards and their
+    gradients live on the host, and get_model_state_dict(full_state_dict=True) moves them to the GPU to all-gather:
+    values as one model's."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_fsdp_cpu_module_rank, 2, backend="nccl")
+    for rank, (kept, device, offloaded_device, grads, offloaded_grad_devices, full_devices, full_w) in \
+            enumerate(results):
+        assert kept == device == torch.device("cuda", rank) and offloaded_device == torch.device("cpu")
+        for got, want in zip(grads, _reference_grads(), strict=True):
+            torch.testing.assert_close(got, want)
+        assert set(offloaded_grad_devices) == {torch.device("cpu")}
+        if rank == 0:  # cpu_offload=True gives the full state dict to rank 0 only
+            assert set(full_devices.values()) == {torch.device("cpu")}
+            torch.testing.assert_close(full_w, _mlp()[0].weight.detach())
+
+
 def _fsdp_divided_rank(rank, world_size, factor):
     torch.cuda.set_device(rank)
     mesh = init_device_mesh("cuda", (world_size,))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, graphs, rng, sharing, wall_clock
+from course.cuda import cuda_bindings, graphs, rng, sharing, sync_debug, torchscript, wall_clock
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -141,7 +141,9 @@ class Stream(torch._C.Stream):
         return graphs.is_current_stream_capturing() and self == torch.cuda.current_stream(self.device)
 
     def synchronize(self) -> None:
-        _emu().clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
+        emu = _emu()
+        sync_debug.on_sync(emu)  # c10::cuda::stream_synchronize
+        emu.clock.host_wait(self._ready_ns, f"stream {self.stream_id} on {self.device}")
 
     def __enter__(self):
         self._context = torch.cuda.StreamContext(self)
@@ -507,6 +509,8 @@ PATCHES = {
     "max_memory_reserved": max_memory_allocated,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "mem_get_info": mem_get_info,
+    "set_sync_debug_mode": sync_debug.set_sync_debug_mode,
+    "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
     "is_current_stream_capturing": graphs.is_current_stream_capturing,
     "_lazy_init": _lazy_init,
     "CUDAGraph": graphs.CUDAGraph,
@@ -577,7 +581,8 @@ DEVICE_BINDINGS = {
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
     torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
-    torch.nested's constructors."""
+    torch.nested's constructors, TorchScript's save and load."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
             + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
-            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES)
+            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES
+            + torchscript.patches())

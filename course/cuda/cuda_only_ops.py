@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from course.cuda.devices import current_emulator
+
 aten = torch.ops.aten
 
 
@@ -91,6 +93,36 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     return aten.linalg_lstsq.default(a, b, rcond, driver="gels")
 
 
+def scaled_mm(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """CUDA's float8 GEMM refuses GPUs before Ada (sm_89) and shapes cuBLASLt cannot take, with the checks and words of
+    `_scaled_mm_out_cuda` (aten/src/ATen/native/cuda/Blas.cpp); the CPU kernel would compute them all."""
+    major, minor = current_emulator("torch._scaled_mm").gpu.compute_capability
+    if not (major >= 9 or (major, minor) == (8, 9)):
+        raise RuntimeError("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 or "
+                           "8.9, or ROCm MI300+")
+    if mat1.dim() == 2 and mat2.dim() == 2:
+        if mat1.size(1) % 16:
+            raise RuntimeError("Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: "
+                               f"({mat1.size(0)}x{mat1.size(1)}).")
+        if mat2.size(0) % 16 or mat2.size(1) % 16:
+            raise RuntimeError(f"mat2 shape ({mat2.size(0)}x{mat2.size(1)}) must be divisible by 16")
+        if mat1.dtype == mat2.dtype == torch.float8_e5m2:
+            raise ValueError("Multiplication of two Float8_e5m2 matrices is not supported")
+    return aten._scaled_mm.default(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+
+
+def int_mm(mat1, mat2):
+    """cuBLASLt's int8 GEMM takes fewer shapes than the CPU's: the checks of `_int_mm_out_cuda` (Blas.cpp)."""
+    if mat1.dim() == 2 and mat2.dim() == 2:
+        if mat1.size(0) <= 16:
+            raise RuntimeError(f"self.size(0) needs to be greater than 16, but got {mat1.size(0)}")
+        if mat1.size(1) <= 0 or mat1.size(1) % 8:
+            raise RuntimeError(f"self.size(1) needs to be greater than 0 and a multiple of 8, but got {mat1.size(1)}")
+        if mat1.size(1) == mat2.size(0) and (mat2.size(1) <= 0 or mat2.size(1) % 8):
+            raise RuntimeError(f"mat2.size(1) needs to be greater than 0 and a multiple of 8, but got {mat2.size(1)}")
+    return aten._int_mm.default(mat1, mat2)
+
+
 KERNELS = {
     aten.batch_norm_stats.default: batch_norm_stats,
     aten.batch_norm_gather_stats.default: batch_norm_gather_stats,
@@ -99,4 +131,6 @@ KERNELS = {
     aten.batch_norm_backward_reduce.default: batch_norm_backward_reduce,
     aten.batch_norm_backward_elemt.default: batch_norm_backward_elemt,
     aten.linalg_lstsq.default: linalg_lstsq,
+    aten._scaled_mm.default: scaled_mm,
+    aten._int_mm.default: int_mm,
 }

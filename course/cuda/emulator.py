@@ -70,6 +70,7 @@ class Emulator:
         self._stream_counts = [1] * gpus
         self._saved: list[tuple[object, str, object]] = []
         self._mode: EmulatorMode | None = None
+        self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode (course/cuda/sync_debug.py)
 
     # -- per-thread CUDA state: current device and current stream of each device --------------
     def _thread_state(self):

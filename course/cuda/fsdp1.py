@@ -12,7 +12,7 @@ emulated tensor follows (interception._set_data), where `set_` would leave the w
 
 `FSDP(cpu_model, device_id=...)` moves the module's CPU parameters with `param.data = param.to(device)`
 (_init_utils._move_states_to_device), which cannot turn a CPU tensor into an emulated one: on an emulated GPU
-they are swapped for their moved copies instead (`torch.utils.swap_tensors`, what `Module.to` does here), so
+they are swapped for their moved copies instead (fsdp2.move_states_to_device, which FSDP2 needs too), so
 every reference to a parameter still sees it.
 
 The emulator puts this handling in place when an emulated NCCL group is made or used with FSDP1 imported, and,
@@ -88,23 +88,6 @@ _STORAGE_TESTS = {
 }
 
 
-def _move_states_to_device(original):
-    @functools.wraps(original)
-    def move_states_to_device(params, buffers, device_from_device_id):
-        if device_from_device_id is None or device_from_device_id.type != "cuda":
-            return original(params, buffers, device_from_device_id)
-        with torch.no_grad():
-            for tensor in list(params) + list(buffers):
-                moved = tensor.to(device_from_device_id)
-                if isinstance(tensor, torch.nn.Parameter):
-                    moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
-                grad = tensor.grad
-                torch.utils.swap_tensors(tensor, moved)
-                if grad is not None:
-                    tensor.grad = grad.to(device_from_device_id)
-    return move_states_to_device
-
-
 def patches() -> list:
     """(module, replacements) for FSDP1's flat-parameter module once it is imported and not yet patched."""
     module = sys.modules.get(FLAT_PARAM_MODULE)
@@ -116,7 +99,7 @@ def patches() -> list:
                "_free_storage": _free_storage(module._free_storage)}
     helpers.update({name: _on_inner(getattr(module, name), test) for name, test in _STORAGE_TESTS.items()})
     return [(handle, {"shard": _shard(handle.shard)}), (module, helpers),
-            (init, {"_move_states_to_device": _move_states_to_device(init._move_states_to_device)})]
+            (init, {"_move_states_to_device": fsdp2.move_states_to_device(init._move_states_to_device)})]
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):

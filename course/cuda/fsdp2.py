@@ -15,13 +15,17 @@ tensor's device when that tensor is emulated.
 """
 from __future__ import annotations
 
+import functools
 import sys
+
+import torch
 
 from course.cuda.devices import EmulatedTensor
 
 # Imported by every FSDP2 entry point; it imports _fsdp_param, the other module that calls the two.
 FSDP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 _PARAM_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
+_INIT_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_init"
 
 
 def _fsdp_own(name: str):
@@ -93,6 +97,39 @@ def dtensor_patches() -> list:
 
 def in_place() -> bool:
     return getattr(sys.modules.get(_PARAM_MODULE), "free_storage", None) is free_storage
+
+
+def move_states_to_device(original):
+    """FSDP1's and FSDP2's `_move_states_to_device` for a CPU module sharded onto a GPU: they move each parameter with
+    `param.data = param.to(device)`, which cannot turn a CPU tensor into an emulated one, so on an emulated GPU each is
+    swapped for its moved copy instead (`torch.utils.swap_tensors`, what `Module.to` does here), and every reference
+    to a parameter still sees it."""
+    @functools.wraps(original)
+    def move(params, buffers, device):
+        if device is None or device.type != "cuda":
+            return original(params, buffers, device)
+        with torch.no_grad():
+            for tensor in list(params) + list(buffers):
+                if tensor.device == device or tensor.device.type == "meta":
+                    continue
+                moved = tensor.to(device)
+                if isinstance(tensor, torch.nn.Parameter):
+                    moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+                grad = tensor.grad
+                torch.utils.swap_tensors(tensor, moved)
+                if grad is not None:
+                    tensor.grad = grad.to(device)
+    move.course_emulated = True
+    return move
+
+
+def init_patches() -> list:
+    """`fully_shard(cpu_module)` moves the module to the mesh's GPU in `_fsdp_init._move_states_to_device`."""
+    init = sys.modules.get(_INIT_MODULE)
+    original = getattr(init, "_move_states_to_device", None)
+    if original is None or getattr(original, "course_emulated", False):
+        return []
+    return [(init, {"_move_states_to_device": move_states_to_device(original)})]
 
 
 def patches() -> list:

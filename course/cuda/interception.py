@@ -122,7 +122,9 @@ def _to(self, *args, **kwargs):
     result = self
     if device is not None and not isinstance(device, int) and torch.device(device).type == "meta":
         return _to_meta(self, dtype)
-    if device is not None and not _sharded_and_on(self, parse_device(device)):
+    if device is not None and _sharded_on_host(self, parse_device(device)):
+        result = _move_shard(self, parse_device(device), non_blocking)
+    elif device is not None and not _sharded_and_on(self, parse_device(device)):
         result = move(result, parse_device(device), non_blocking)
     if dtype is not None and dtype != result.dtype:
         with torch._C.DisableTorchFunctionSubclass():
@@ -145,6 +147,22 @@ def _sharded_and_on(tensor, index) -> bool:
     to the first gradient's device): nothing to move, as for a GPU tensor, and its wrapper has no storage to copy."""
     local = getattr(tensor, "_local_tensor", None)
     return not isinstance(tensor, EmulatedTensor) and isinstance(local, EmulatedTensor) and local._device_index == index
+
+
+def _sharded_on_host(tensor, index) -> bool:
+    """A DTensor whose local shard is a host tensor, sent to a GPU (FSDP2's CPU-offloaded parameters, which
+    `get_model_state_dict` gathers with `value.to("cuda")`)."""
+    local = getattr(tensor, "_local_tensor", None)
+    return index != CPU and isinstance(local, torch.Tensor) and not isinstance(local, EmulatedTensor) and \
+        not isinstance(tensor, EmulatedTensor)
+
+
+def _move_shard(tensor, index, non_blocking):
+    """What DTensor's own `_to_copy` does on a GPU box: the local shard moves, the placements stay. The wrapper has
+    no storage to copy, and its shard's move must be the emulator's, so it is done here, differentiably."""
+    moved = move(tensor.to_local(), index, non_blocking)
+    return type(tensor).from_local(moved, tensor.device_mesh, tensor.placements, run_check=False,
+                                   shape=tensor.shape, stride=tensor.stride())
 
 
 def _in_memory_format(tensor, memory_format):

@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import cuda_only_ops, determinism
+from course.cuda import cuda_only_ops, determinism, sync_debug
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -43,7 +43,8 @@ class _OpInfo:
     """What the dispatcher needs to know about an op, worked out once per op rather than per call."""
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
-                 "special", "embedding", "restrides", "writes_in_place", "alert", "python_cuda_kernel")
+                 "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
+                 "python_cuda_kernel")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -67,6 +68,9 @@ class _OpInfo:
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
+        # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
+        self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
+                                or func is torch.ops.aten.index.Tensor)
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
@@ -276,6 +280,9 @@ def run_kernel(emu, func, args, kwargs):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
+    if info.sizes_from_data and emu.sync_debug_mode and device not in (None, CPU) and \
+            sync_debug.is_data_dependent(func, args):
+        sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
     try:

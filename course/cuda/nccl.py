@@ -473,7 +473,8 @@ def _install_sharded_support(emu) -> None:
     if fsdp2.FSDP_MODULE in sys.modules and not fsdp2.in_place():
         for target, replacements in fsdp2.patches():
             emu._patch(target, replacements)  # undone when the emulator stops
-    for target, replacements in fsdp2.dtensor_patches() + fsdp1.patches() + dcp_staging.patches():
+    for target, replacements in (fsdp2.dtensor_patches() + fsdp2.init_patches() + fsdp1.patches()
+                                 + dcp_staging.patches()):
         emu._patch(target, replacements)
     functional_collectives.register()
 

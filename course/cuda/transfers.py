@@ -10,7 +10,7 @@ import weakref
 
 import torch
 
-from course.cuda import devices
+from course.cuda import devices, sync_debug
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name, wait_for, wrap
 from course.machine import costs, topology
@@ -152,6 +152,8 @@ def charge_copy(emu, src: int, dst: int, nbytes: int, ready_ns: int, pinned=Fals
     end = emu.clock.launch("copy", name, gpu, emu.current_stream_id(gpu), duration, ready_ns,
                            nbytes=nbytes, peer="cpu")
     host_may_go_on = non_blocking and (pinned or dst == CPU)
+    if not non_blocking:
+        sync_debug.on_sync(emu)  # memcpy_and_sync
     if not host_may_go_on:
         emu.clock.host_wait(end, f"wait for {name}")
     return end

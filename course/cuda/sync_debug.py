@@ -1,0 +1,50 @@
+"""`torch.cuda.set_sync_debug_mode`: warn about (or refuse) the operations that make the host wait for a GPU.
+
+CUDA PyTorch calls `c10::cuda::warn_or_error_on_sync()` (c10/cuda/CUDAFunctions.cpp) from `memcpy_and_sync` and
+`stream_synchronize`: a blocking copy to or from a GPU, `.item()`, `Stream.synchronize()`, and the ops whose output
+size comes from the GPU's data (nonzero, masked_select, unique, boolean-mask indexing). The emulator knows each of
+those places, so the mode acts there, with PyTorch's words; torch.cuda.synchronize() does not warn, as on a GPU.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from course.cuda.devices import current_emulator
+
+_MODES = {"default": 0, "warn": 1, "error": 2}
+MESSAGE = "called a synchronizing CUDA operation"
+
+aten = torch.ops.aten
+# Ops whose CUDA kernels copy a count to the host and wait for it (all overloads).
+DATA_DEPENDENT_OPS = frozenset({aten.nonzero, aten.masked_select, aten._unique, aten._unique2, aten.unique_dim,
+                                aten.unique_consecutive, aten.unique_dim_consecutive})
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    if isinstance(debug_mode, str):
+        if debug_mode not in _MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _MODES[debug_mode]
+    current_emulator("torch.cuda.set_sync_debug_mode").sync_debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return current_emulator("torch.cuda.get_sync_debug_mode").sync_debug_mode
+
+
+def on_sync(emu) -> None:
+    """`warn_or_error_on_sync`: nothing in the default mode."""
+    if emu.sync_debug_mode == 2:
+        raise RuntimeError(MESSAGE)
+    if emu.sync_debug_mode == 1:
+        warnings.warn(MESSAGE, UserWarning, stacklevel=2)
+
+
+def is_data_dependent(func, args) -> bool:
+    """Whether an op on a GPU waits for the GPU to size its output: the ops above, and indexing by a bool mask."""
+    if func._overloadpacket in DATA_DEPENDENT_OPS:
+        return True
+    return func is aten.index.Tensor and any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ()))
