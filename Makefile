@@ -78,6 +78,10 @@ GRADING_LOG = .grading-test.log
 SANDBOXED = tests/test_grading.py tests/test_round_trip.py tests/test_sandbox.py
 BACKGROUND_PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 
+# OpenMP's threads (torch's intra-op pool) otherwise spin after every parallel region, waiting for the next: in
+# every kernel, rank and program the tests start. That burnt a third of a notebook's CPU time, taken from the
+# other streams of a machine whose two cores make test keeps busy. Sleeping instead changes no result.
+test: export OMP_WAIT_POLICY = PASSIVE
 test: system-packages setup ## run the tests: unit tests, notebooks through nbgrader, a browser, and nbval
 	@$(BACKGROUND_PYTEST) --basetemp=.pytest-browser tests/test_browser.py >$(BROWSER_LOG) 2>&1 & \
 	walk=$$!; \

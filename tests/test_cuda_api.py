@@ -456,6 +456,33 @@ def test_benchmark_timer_reads_the_simulated_clock_for_gpu_work(emu):
     assert cpu_timer.mean > (emu.clock.host_ns - before) / 1e9  # this CPU's matmul, slower than the GPU's
 
 
+def test_benchmark_timer_imported_after_the_emulator_started_reads_the_simulated_clock_too():
+    """The emulator does not import torch.utils.benchmark itself (it pulls in setuptools, paid by every emulated
+    process); it patches Timer when the program imports it, and puts the real one back when it stops."""
+    import subprocess
+    import sys
+    program = """
+import sys, torch, course
+emu = course.emulate(gpus=1).start()
+assert "torch.utils.benchmark.utils.timer" not in sys.modules, "the emulator imported torch.utils.benchmark"
+from torch.utils.benchmark import Timer
+a = torch.randn(512, 512, device="cuda")
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda.current_stream().synchronize()
+start.record()
+for _ in range(3):
+    a @ a
+end.record()
+end.synchronize()
+same = abs(Timer("a @ a", globals={"a": a}).timeit(3).mean / (start.elapsed_time(end) / 3 / 1e3) - 1) < 1e-6
+emu.stop()
+print(same, Timer.__init__.__module__)
+"""
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "torch.utils.benchmark.utils.timer"]
+
+
 def test_synchronize_next_to_a_wall_clock_is_noted_once(emu, monkeypatch):
     """The hand-written GPU timing (synchronize, time.perf_counter, synchronize) gets a one-time note; the time module
     is not patched."""

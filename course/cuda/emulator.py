@@ -150,12 +150,15 @@ class Emulator:
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
             self._patch(target, replacements)
-        for target, replacements in wall_clock.PATCHES:  # torch.utils.benchmark.Timer reads the simulated clock
-            self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py); FSDP2 and DTensor imported at all,
         # since a group that is not emulated NCCL (the threaded one of FSDPTestMultiThread) never installs them
         sharded = (fsdp1.INIT_MODULE, fsdp2.FSDP_MODULE, fsdp2.DTENSOR_MODULE)
-        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded)] + sys.meta_path})
+        # and torch.utils.benchmark.Timer, which reads the simulated clock, whenever the program imports it
+        timer = (wall_clock.TIMER_MODULE,)
+        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded),
+                                        fsdp1.PatchOnImport(self._patch_timer, timer)] + sys.meta_path})
+        if wall_clock.TIMER_MODULE in sys.modules:
+            self._patch_timer()
         devices.active = self
         autocast.install()
         self._env_before = environment.publish(self._config())
@@ -200,6 +203,10 @@ class Emulator:
 
     def _patch_sharded(self) -> None:
         nccl._install_sharded_support(self)
+
+    def _patch_timer(self) -> None:
+        for target, replacements in wall_clock.patches():
+            self._patch(target, replacements)
 
     def __enter__(self) -> "Emulator":
         return self.start()

@@ -24,7 +24,6 @@ import timeit
 import warnings
 
 import torch
-import torch.utils.benchmark.utils.timer as benchmark_timer
 
 from course.cuda import devices
 
@@ -97,14 +96,18 @@ class _SimulatedTimeit:
         return simulated if simulated > 0 else readings[-1] - readings[0]
 
 
-_timer_init = benchmark_timer.Timer.__init__
+# Imported only if the program uses it: it pulls in setuptools, a seventh of the emulator's start-up cost, which
+# every emulated process (each rank, each notebook kernel) would pay. The emulator patches it once it is imported.
+TIMER_MODULE = "torch.utils.benchmark.utils.timer"
 
 
-def _init(self, *args, **kwargs) -> None:
+def patches() -> list:
     """`Timer.__init__`, then its timeit.Timer swapped for the simulated one when it got the default timer."""
-    _timer_init(self, *args, **kwargs)
-    if getattr(self._timer, "timer", None) is benchmark_timer.timer:
-        self._timer = _SimulatedTimeit(self._timer)
+    benchmark_timer = sys.modules[TIMER_MODULE]
+    timer_init = benchmark_timer.Timer.__init__
 
-
-PATCHES = [(benchmark_timer.Timer, {"__init__": _init})]
+    def __init__(self, *args, **kwargs) -> None:
+        timer_init(self, *args, **kwargs)
+        if getattr(self._timer, "timer", None) is benchmark_timer.timer:
+            self._timer = _SimulatedTimeit(self._timer)
+    return [(benchmark_timer.Timer, {"__init__": __init__})]

@@ -1,5 +1,5 @@
 """The shape of an ImageNet-style training script: one process per GPU, `model.cuda(gpu)`, a criterion on
-the GPU, DistributedSampler with loader workers and pinned memory, `non_blocking` copies, a StepLR
+the GPU, DistributedSampler with persistent loader workers and pinned memory, `non_blocking` copies, a StepLR
 schedule, accuracy meters all-reduced across ranks, and a checkpoint written by rank 0.
 Plain CPU runs the same script with gloo and two CPU processes.
 """
@@ -55,7 +55,7 @@ def main_worker(gpu, ngpus, checkpoint_dir):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     train_set = dataset()
     sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True, seed=1)
-    loader = torch.utils.data.DataLoader(train_set, batch_size=BATCH, sampler=sampler, num_workers=2,
+    loader = torch.utils.data.DataLoader(train_set, batch_size=BATCH, sampler=sampler, num_workers=2, persistent_workers=True,
                                          pin_memory=use_cuda)
     device = torch.device("cuda", gpu) if use_cuda else torch.device("cpu")
     history = []
