@@ -637,3 +637,58 @@ def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, de
 
     for got, want in zip(run("cuda"), run("cpu")):
         torch.testing.assert_close(got, want)
+
+
+# -- what the build says about itself ------------------------------------------------------------------------------
+def _branch_on_the_build() -> str:
+    """How public scripts pick a code path from the build (apex-, xformers-, detectron2-style checks)."""
+    if not torch.version.cuda or torch.version.cuda < "11.0":
+        return "cpu build"
+    major, minor = torch.cuda.get_device_capability()
+    if torch.backends.cudnn.version() is None or torch.backends.cudnn.version() < 8000:
+        return "no cudnn 8"
+    if f"sm_{major}{minor}" not in torch.cuda.get_arch_list():
+        return "no kernels for this gpu"
+    return "gpu"
+
+
+def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
+    cpu_build = (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
+                 torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags())
+    assert cpu_build == (None, None, False, [], "")
+    with course.emulate(gpus=2, gpu="H100"):
+        assert torch.version.cuda == "12.6"
+        assert torch.backends.cudnn.version() == 91002 and torch.backends.cudnn.is_available()
+        assert torch.cuda.get_arch_list() == ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+        assert "-gencode compute=compute_90,code=sm_90" in torch.cuda.get_gencode_flags()
+        assert _branch_on_the_build() == "gpu"
+        assert torch.backends.cudnn.is_acceptable(torch.ones(2, device="cuda"))
+        assert not torch.backends.cudnn.is_acceptable(torch.ones(2))
+        assert not torch.backends.cudnn.is_acceptable(torch.ones(2, dtype=torch.long, device="cuda"))
+    assert (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
+            torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags()) == cpu_build
+    assert _branch_on_the_build() == "cpu build"
+
+
+@pytest.mark.parametrize("gpu", sorted(course.GPUS))
+def test_the_reported_build_has_kernels_for_every_gpu_preset(gpu):
+    """PyTorch's own start-up checks (torch.cuda._check_capability and _check_cubins, which _lazy_init runs on a
+    GPU box) warn when the build has no code for a GPU; they stay silent for every preset."""
+    with course.emulate(gpus=1, gpu=gpu), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.cuda._check_capability()
+        torch.cuda._check_cubins()
+
+
+def test_an_lstm_moved_to_a_gpu_does_not_warn_about_a_build_without_cudnn(emu):
+    """nn.LSTM asks cudnn.is_acceptable for its weights when moved; a CPU build's answer warned "PyTorch was
+    compiled without cuDNN"."""
+    torch.manual_seed(0)
+    cpu = nn.LSTM(4, 3)
+    x = torch.randn(5, 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gpu = nn.LSTM(4, 3).cuda()
+        gpu.load_state_dict(cpu.state_dict())
+        out, _ = gpu(x.cuda())
+    torch.testing.assert_close(out.cpu(), cpu(x)[0])

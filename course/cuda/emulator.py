@@ -19,9 +19,9 @@ import torch.cuda.profiler
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl, nested_fastpath,
-                         profiling, rpc, storages, wall_clock)
+from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
+                         fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
+                         nested_fastpath, profiling, rpc, storages, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -121,6 +121,8 @@ class Emulator:
         for target, replacements in cuda_api.module_patches(self.num_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
         self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        for target, replacements in build_info.PATCHES:  # torch.version.cuda, cudnn.version(): a CUDA build's
+            self._patch(target, replacements)
         self._patch(torch, legacy_types.PATCHES)  # isinstance(cuda_x, torch.FloatTensor) is False, as on a GPU box
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
