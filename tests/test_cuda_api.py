@@ -403,6 +403,38 @@ def test_graph_replay_costs_the_host_one_graph_launch_and_runs_the_kernels_as_ca
     assert not torch.equal(out, eager)  # the replay read the refilled input
 
 
+def test_graph_capture_costs_the_host_its_launches_and_runs_nothing_on_the_device(emu):
+    """Stream capture records each launch instead of running it (CUDA Programming Guide, "CUDA Graphs", stream
+    capture): the host pays a launch per op, recorded in-place updates included, and no stream is busier after it;
+    the values appear at replay."""
+    from course.machine import costs
+    x = torch.ones(256, 256, device="cuda")
+    acc = torch.zeros(256, 256, device="cuda")
+
+    def step():
+        a = x * 1.5 + 1  # two kernels whose results are made at capture
+        acc.add_(a)      # one that writes its argument, run only at replay
+        return a
+
+    step()
+    acc.zero_()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    host, events, ready = emu.clock.host_ns, len(emu.clock._events), emu.clock.device_ready(0)
+    graph.capture_begin()
+    out = step()
+    graph.capture_end()
+    assert emu.clock.host_ns - host == 3 * costs.HOST_LAUNCH_NS
+    assert [e for e in emu.clock._events[events:] if e.device != "host"] == []
+    assert emu.clock.device_ready(0) == ready and out.ready_ns <= emu.clock.host_ns
+    assert torch.count_nonzero(acc.cpu()) == 0  # the in-place update waits for replay
+    events = len(emu.clock._events)
+    graph.replay()
+    assert sum(e.kind == "kernel" for e in emu.clock._events[events:]) == 3
+    torch.testing.assert_close(acc.cpu(), torch.full((256, 256), 2.5))
+    torch.testing.assert_close(out.cpu(), torch.full((256, 256), 2.5))
+
+
 def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):
     """A branch captured on a side stream overlaps the main chain at replay, and later work on the replay stream
     waits for the whole graph."""
