@@ -21,7 +21,7 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
                          fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
-                         nested_fastpath, profiling, rpc, storages, wall_clock)
+                         nested_fastpath, profiling, rpc, storages, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -156,7 +156,9 @@ class Emulator:
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py); FSDP2 and DTensor imported at all,
         # since a group that is not emulated NCCL (the threaded one of FSDPTestMultiThread) never installs them
         sharded = (fsdp1.INIT_MODULE, fsdp2.FSDP_MODULE, fsdp2.DTENSOR_MODULE)
-        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded)] + sys.meta_path})
+        threaded = fsdp1.PatchOnImport(self._patch_threaded_pg, (threaded_pg.MODULE,))
+        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded), threaded] + sys.meta_path})
+        self._patch_threaded_pg()  # PyTorch's threaded group, if a test file imported it already
         devices.active = self
         autocast.install()
         self._env_before = environment.publish(self._config())
@@ -201,6 +203,10 @@ class Emulator:
 
     def _patch_sharded(self) -> None:
         nccl._install_sharded_support(self)
+
+    def _patch_threaded_pg(self) -> None:
+        for target, replacements in threaded_pg.patches():
+            self._patch(target, replacements)
 
     def __enter__(self) -> "Emulator":
         return self.start()
