@@ -697,6 +697,8 @@ def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
         assert torch.backends.cudnn.is_acceptable(torch.ones(2, device="cuda"))
         assert not torch.backends.cudnn.is_acceptable(torch.ones(2))
         assert not torch.backends.cudnn.is_acceptable(torch.ones(2, dtype=torch.long, device="cuda"))
+        with torch.backends.cudnn.flags(enabled=False):  # as torch.export enters it: no CUDA-only binding read
+            assert not torch.backends.cudnn.is_acceptable(torch.ones(2, device="cuda"))
     assert (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
             torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags()) == cpu_build
     assert _branch_on_the_build() == "cpu build"

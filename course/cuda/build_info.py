@@ -22,8 +22,6 @@ was compiled without cuDNN" for every model moved to a GPU. Past that check it a
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.backends.cudnn
 import torch.version
@@ -44,9 +42,11 @@ def get_arch_list() -> list[str]:
     return ARCH_FLAGS.split()
 
 
-# torch.backends.cudnn is a PropModule around the real module (`.m`): its functions are looked up there.
+# torch.backends.cudnn is a module object of its own class (CudnnModule) around the real module: what programs read
+# goes on that class, so the real module's own functions (`set_flags`, `flags`, which read the CUDA-only benchmark
+# limit when cuDNN is available) keep the CPU build's answers.
 PATCHES = [(torch.version, {"cuda": CUDA_VERSION}),
-           (sys.modules["torch.backends.cudnn"].m, {"version": lambda: CUDNN_VERSION,
-                                                    "is_available": lambda: True,
-                                                    "is_acceptable": is_acceptable}),
+           (type(torch.backends.cudnn), {"version": staticmethod(lambda: CUDNN_VERSION),
+                                         "is_available": staticmethod(lambda: True),
+                                         "is_acceptable": staticmethod(is_acceptable)}),
            (torch.cuda, {"get_arch_list": get_arch_list})]
