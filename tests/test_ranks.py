@@ -167,3 +167,28 @@ def test_threaded_group_collectives_on_emulated_gpus_give_the_cpu_values():
         for name in want:
             torch.testing.assert_close(values[name], want[name], msg=name)
     assert copies  # rank 0 gathers the other ranks' tensors onto its GPU: peer copies on the timeline
+
+
+def test_a_thread_drops_the_objects_torch_stashed_in_its_cpp_thread_locals_before_it_ends():
+    """torch._inductor.cudagraph_trees stashes Python objects in the C++ thread-locals of the thread that imports it
+    (torch._dynamo.reset() does, from FSDPTestMultiThread's rank threads, once torch.cuda.is_available()). Left to the
+    thread's C++ exit, dropping them needs the GIL, and aborted the process 1 run in 12 when the main thread was
+    already finalizing; a thread started under the emulator drops them while it still holds the GIL."""
+    import weakref
+
+    class Stashed:
+        pass
+
+    refs = []
+
+    def stash():
+        for key in ("tree_manager_containers", "tree_manager_locks"):
+            obj = Stashed()
+            refs.append(weakref.ref(obj))
+            torch._C._stash_obj_in_tls(key, obj)
+
+    with course.emulate(gpus=1):
+        thread = threading.Thread(target=stash)
+        thread.start()
+        thread.join()
+        assert len(refs) == 2 and all(ref() is None for ref in refs)

@@ -255,6 +255,14 @@ def _start_thread(self) -> None:
     _thread_start(self)
 
 
+# Python objects torch keeps in a thread's C++ thread-locals: torch/_inductor/cudagraph_trees.py stashes these in the
+# thread that first imports it, which `torch._dynamo.reset()` does when torch.cuda.is_available() (so under the
+# emulator, from the rank threads of PyTorch's threaded tests). Dropping them needs the GIL; left to the thread's C++
+# exit, that can come after the main thread has begun finalizing, and the process aborts ("terminate called without
+# an active exception": 1 run in 12 of a threaded FSDP2 test file).
+_TLS_OBJECTS = ("tree_manager_containers", "tree_manager_locks")
+
+
 def _run_thread(self) -> None:
     emu = getattr(self, "_course_emulator", None)
     if emu is None or devices.active is not emu:
@@ -265,6 +273,9 @@ def _run_thread(self) -> None:
             _thread_bootstrap_inner(self)
     finally:
         self._course_host_ns = emu.clock.host_ns
+        for key in _TLS_OBJECTS:  # dropped now, while this thread holds the GIL
+            if torch._C._is_key_in_tls(key):
+                torch._C._remove_obj_from_tls(key)
 
 
 def _join_thread(self, timeout=None) -> None:
