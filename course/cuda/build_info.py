@@ -5,11 +5,12 @@ A CPU build answers None, None and [], so programs that branch on them (`if torc
 `cudnn.version() >= 8000`, `"sm_80" in torch.cuda.get_arch_list()`) would silently take their CPU paths. The
 emulator reports the build a GPU box running this torch release would have: the CUDA 12.6 wheels, the one build of
 torch 2.13 whose kernels cover every GPU preset (V100's sm_70 included; CUDA 13 builds start at sm_75).
-Sources: torch 2.13 ships cu126 and cu130 wheels (pytorch/FBGEMM PR 5976, checked on download.pytorch.org); the cu126
-build's architectures are 5.0;6.0;7.0;7.5;8.0;8.6;9.0 without PTX (pytorch/pytorch RELEASE.md support matrix, PR
-182849 for release 2.12, and .ci/manywheel/build_cuda.sh), and it pins cuDNN 9.10.2.21 (the legacy CUDA 12.6 line of
+Sources: torch 2.13 ships cu126 and cu130 wheels (pytorch/FBGEMM PR 5976, which counted them on
+download.pytorch.org); the cu126 build's architectures are 5.0;6.0;7.0;7.5;8.0;8.6;9.0 without PTX (pytorch/pytorch
+RELEASE.md support matrix, PR 182849 for release 2.12, and .ci/manywheel/build_cuda.sh), and it pins cuDNN 9.10.2.21 (the legacy CUDA 12.6 line of
 the release RFCs, pytorch/pytorch issues 172663 and 190355), which `cudnn.version()` encodes as 91002
-(major * 10000 + minor * 100 + patch for cuDNN 9, CUDNN_VERSION in cudnn_version.h). sm_89 GPUs (L4, RTX 4090) run
+(major * 10000 + minor * 100 + patch for cuDNN 9, CUDNN_VERSION in cudnn_version.h; NVIDIA/cosmos-framework PR 153
+prints 92000 for torch 2.13+cu130's cuDNN 9.20.0). sm_89 GPUs (L4, RTX 4090) run
 the sm_86 code, as CUDA's binary compatibility within a major version allows.
 
 Nothing in torch reads these in a way that breaks on a CPU build while they are set: `torch.cuda._is_compiled()` still

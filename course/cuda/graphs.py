@@ -10,11 +10,11 @@ their results exist with the right shapes and memory, and at replay run again in
 in-place views (`t_`) and allocations launch no kernel and are not recorded. Reading a value on the host while
 capturing raises CUDA's error. Capture is timed as on a GPU: each recorded op costs the host a launch (stream capture
 records the launch instead of running it) and nothing runs on the device (the clock's `recording` threads), so results
-made at capture are ready when recorded and no stream is busier after capture. Replay is timed as a GPU runs a graph: the host pays one graph launch
-(costs.HOST_GRAPH_LAUNCH_NS) instead of a launch per kernel, and the recorded kernels, copies and collectives run on
-the device as captured, each on the stream it was captured on (the capture stream's work on the stream replay is
-called on), after their inputs, and the replay stream then waits for all of them, as work queued after a graph
-launch waits for the whole graph. `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
+made at capture are ready when recorded and no stream is busier after capture. Replay is timed as a GPU runs a graph:
+the host pays one graph launch (costs.HOST_GRAPH_LAUNCH_NS) instead of a launch per kernel, and the recorded kernels,
+copies and collectives run on the device as captured, each on the stream it was captured on (the capture stream's
+work on the stream replay is called on), after their inputs, and the replay stream then waits for all of them, as
+work queued after a graph launch waits for the whole graph. `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
 """
 from __future__ import annotations
 
