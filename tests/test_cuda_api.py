@@ -403,6 +403,38 @@ def test_graph_replay_costs_the_host_one_graph_launch_and_runs_the_kernels_as_ca
     assert not torch.equal(out, eager)  # the replay read the refilled input
 
 
+def test_graph_capture_costs_the_host_its_launches_and_runs_nothing_on_the_device(emu):
+    """Stream capture records each launch instead of running it (CUDA Programming Guide, "CUDA Graphs", stream
+    capture): the host pays a launch per op, recorded in-place updates included, and no stream is busier after it;
+    the values appear at replay."""
+    from course.machine import costs
+    x = torch.ones(256, 256, device="cuda")
+    acc = torch.zeros(256, 256, device="cuda")
+
+    def step():
+        a = x * 1.5 + 1  # two kernels whose results are made at capture
+        acc.add_(a)      # one that writes its argument, run only at replay
+        return a
+
+    step()
+    acc.zero_()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    host, events, ready = emu.clock.host_ns, len(emu.clock._events), emu.clock.device_ready(0)
+    graph.capture_begin()
+    out = step()
+    graph.capture_end()
+    assert emu.clock.host_ns - host == 3 * costs.HOST_LAUNCH_NS
+    assert [e for e in emu.clock._events[events:] if e.device != "host"] == []
+    assert emu.clock.device_ready(0) == ready and out.ready_ns <= emu.clock.host_ns
+    assert torch.count_nonzero(acc.cpu()) == 0  # the in-place update waits for replay
+    events = len(emu.clock._events)
+    graph.replay()
+    assert sum(e.kind == "kernel" for e in emu.clock._events[events:]) == 3
+    torch.testing.assert_close(acc.cpu(), torch.full((256, 256), 2.5))
+    torch.testing.assert_close(out.cpu(), torch.full((256, 256), 2.5))
+
+
 def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):
     """A branch captured on a side stream overlaps the main chain at replay, and later work on the replay stream
     waits for the whole graph."""
@@ -664,3 +696,60 @@ def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, de
 
     for got, want in zip(run("cuda"), run("cpu")):
         torch.testing.assert_close(got, want)
+
+
+# -- what the build says about itself ------------------------------------------------------------------------------
+def _branch_on_the_build() -> str:
+    """How public scripts pick a code path from the build (apex-, xformers-, detectron2-style checks)."""
+    if not torch.version.cuda or torch.version.cuda < "11.0":
+        return "cpu build"
+    major, minor = torch.cuda.get_device_capability()
+    if torch.backends.cudnn.version() is None or torch.backends.cudnn.version() < 8000:
+        return "no cudnn 8"
+    if f"sm_{major}{minor}" not in torch.cuda.get_arch_list():
+        return "no kernels for this gpu"
+    return "gpu"
+
+
+def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
+    cpu_build = (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
+                 torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags())
+    assert cpu_build == (None, None, False, [], "")
+    with course.emulate(gpus=2, gpu="H100"):
+        assert torch.version.cuda == "12.6"
+        assert torch.backends.cudnn.version() == 91002 and torch.backends.cudnn.is_available()
+        assert torch.cuda.get_arch_list() == ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+        assert "-gencode compute=compute_90,code=sm_90" in torch.cuda.get_gencode_flags()
+        assert _branch_on_the_build() == "gpu"
+        assert torch.backends.cudnn.is_acceptable(torch.ones(2, device="cuda"))
+        assert not torch.backends.cudnn.is_acceptable(torch.ones(2))
+        assert not torch.backends.cudnn.is_acceptable(torch.ones(2, dtype=torch.long, device="cuda"))
+        with torch.backends.cudnn.flags(enabled=False):  # as torch.export enters it: no CUDA-only binding read
+            assert not torch.backends.cudnn.is_acceptable(torch.ones(2, device="cuda"))
+    assert (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
+            torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags()) == cpu_build
+    assert _branch_on_the_build() == "cpu build"
+
+
+@pytest.mark.parametrize("gpu", sorted(course.GPUS))
+def test_the_reported_build_has_kernels_for_every_gpu_preset(gpu):
+    """PyTorch's own start-up checks (torch.cuda._check_capability and _check_cubins, which _lazy_init runs on a
+    GPU box) warn when the build has no code for a GPU; they stay silent for every preset."""
+    with course.emulate(gpus=1, gpu=gpu), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.cuda._check_capability()
+        torch.cuda._check_cubins()
+
+
+def test_an_lstm_moved_to_a_gpu_does_not_warn_about_a_build_without_cudnn(emu):
+    """nn.LSTM asks cudnn.is_acceptable for its weights when moved; a CPU build's answer warned "PyTorch was
+    compiled without cuDNN"."""
+    torch.manual_seed(0)
+    cpu = nn.LSTM(4, 3)
+    x = torch.randn(5, 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gpu = nn.LSTM(4, 3).cuda()
+        gpu.load_state_dict(cpu.state_dict())
+        out, _ = gpu(x.cuda())
+    torch.testing.assert_close(out.cpu(), cpu(x)[0])

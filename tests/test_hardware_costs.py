@@ -419,12 +419,15 @@ def _trace_names_during(emu, fn):
 
 
 @pytest.mark.parametrize("case", [dict(), dict(causal=True), dict(mask="bool"), dict(mask="float"),
-                                  dict(kv_heads=2, gqa=True), dict(kv_heads=2, gqa=True, length=1),
-                                  dict(kv_heads=2, gqa=True, causal=True)],
-                         ids=["plain", "causal", "bool-mask", "float-mask", "gqa", "gqa-decode", "gqa-causal"])
+                                  dict(mask="bool", empty_row=True), dict(kv_heads=2, gqa=True),
+                                  dict(kv_heads=2, gqa=True, length=1), dict(kv_heads=2, gqa=True, causal=True)],
+                         ids=["plain", "causal", "bool-mask", "float-mask", "masked-row", "gqa", "gqa-decode",
+                              "gqa-causal"])
 def test_sdpa_on_an_emulated_gpu_is_one_fused_kernel_with_cpu_torchs_values_and_grads(case):
     """CUDA runs SDPA as one flash or memory-efficient kernel; the emulator does too, and gets the same numbers and
-    gradients as plain CPU PyTorch (grouped-query heads folded into the sequence, or repeated under a causal mask)."""
+    gradients as plain CPU PyTorch (grouped-query heads folded into the sequence, or repeated under a causal mask).
+    A query row whose every key is masked gives zeros, as CUDA's memory-efficient kernel (the one a mask sends an
+    A100 to) and the math path's `_safe_softmax` do since PyTorch 2.5 (pytorch/pytorch PRs 131867, 131844)."""
     import course
 
     torch.manual_seed(0)
@@ -434,6 +437,8 @@ def test_sdpa_on_an_emulated_gpu_is_one_fused_kernel_with_cpu_torchs_values_and_
     mask = {"bool": torch.rand(length, 9) > 0.3, "float": torch.randn(2, 1, length, 9)}.get(case.get("mask"))
     if mask is not None and mask.dtype == torch.bool:
         mask[:, 0] = True
+        if case.get("empty_row"):
+            mask[2] = False
     kwargs = dict(attn_mask=mask, is_causal=case.get("causal", False), enable_gqa=case.get("gqa", False))
     expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
     expected.sum().backward()
@@ -448,6 +453,8 @@ def test_sdpa_on_an_emulated_gpu_is_one_fused_kernel_with_cpu_torchs_values_and_
         torch.testing.assert_close(out.cpu(), expected)
         for emulated, plain in zip((qc, kc, vc), (q, k, v)):
             torch.testing.assert_close(emulated.grad.cpu(), plain.grad, atol=1e-4, rtol=1e-4)
+        if case.get("empty_row"):
+            assert torch.count_nonzero(out[:, :, 2].cpu()) == 0
 
 
 def test_shape_only_sdpa_reads_keys_once_unless_the_math_backend_is_asked_for():

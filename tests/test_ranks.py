@@ -122,3 +122,73 @@ def test_default_backend_is_gloo_without_real_gpus():
     assert default_backend() == expected
     with course.emulate(gpus=2, force=True):
         assert default_backend() == "gloo"
+
+
+def collectives_tour(rank, world_size, device_of):
+    """Every collective of torch's threaded group, each rank on its own device (`device_of(rank)`)."""
+    dev = device_of(rank)
+    base = torch.arange(6.0, device=dev).reshape(2, 3) + 10 * rank
+    out = {}
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+        t = base.clone()
+        dist.all_reduce(t, op=op)
+        out[f"all_reduce {op}"] = t
+    gathered = [torch.empty(2, 3, device=dev) for _ in range(world_size)]
+    dist.all_gather(gathered, base)
+    out["all_gather"] = torch.stack(gathered)
+    flat = torch.empty(world_size * 2, 3, device=dev)
+    dist.all_gather_single(flat, base)
+    out["all_gather_single"] = flat
+    b = base.clone()
+    dist.broadcast(b, src=1)
+    out["broadcast"] = b
+    rs = torch.empty(3, device=dev)
+    dist.reduce_scatter(rs, list(torch.arange(3.0 * world_size, device=dev).add(rank).chunk(world_size)))
+    out["reduce_scatter"] = rs
+    rst = torch.empty(3, device=dev)
+    dist.reduce_scatter_single(rst, torch.arange(3.0 * world_size, device=dev) * (rank + 1))
+    out["reduce_scatter_single"] = rst
+    a2a = torch.empty(world_size, device=dev)
+    dist.all_to_all_single(a2a, torch.arange(float(world_size), device=dev) + 100 * rank)
+    out["all_to_all_single"] = a2a
+    devices = {name: t.device for name, t in out.items()}
+    return {name: t.cpu() for name, t in out.items()}, devices
+
+
+def test_threaded_group_collectives_on_emulated_gpus_give_the_cpu_values():
+    """The threaded group (MultiThreadedTestCase's world) moves emulated GPU tensors with the values it gives CPU
+    tensors, and each result stays on its rank's GPU."""
+    expected = run_threads(collectives_tour, 3, lambda rank: torch.device("cpu"), timeout_s=60)
+    with course.emulate(gpus=3) as emu:
+        got = run_threads(collectives_tour, 3, lambda rank: torch.device("cuda", rank), timeout_s=60)
+        copies = [e for e in emu.trace if e.kind == "copy" and e.peer is not None]
+    for rank, ((values, devices), (want, _)) in enumerate(zip(got, expected)):
+        assert set(devices.values()) == {torch.device("cuda", rank)}
+        for name in want:
+            torch.testing.assert_close(values[name], want[name], msg=name)
+    assert copies  # rank 0 gathers the other ranks' tensors onto its GPU: peer copies on the timeline
+
+
+def test_a_thread_drops_the_objects_torch_stashed_in_its_cpp_thread_locals_before_it_ends():
+    """torch._inductor.cudagraph_trees stashes Python objects in the C++ thread-locals of the thread that imports it
+    (torch._dynamo.reset() does, from FSDPTestMultiThread's rank threads, once torch.cuda.is_available()). Left to the
+    thread's C++ exit, dropping them needs the GIL, and aborted the process 1 run in 12 when the main thread was
+    already finalizing; a thread started under the emulator drops them while it still holds the GIL."""
+    import weakref
+
+    class Stashed:
+        pass
+
+    refs = []
+
+    def stash():
+        for key in ("tree_manager_containers", "tree_manager_locks"):
+            obj = Stashed()
+            refs.append(weakref.ref(obj))
+            torch._C._stash_obj_in_tls(key, obj)
+
+    with course.emulate(gpus=1):
+        thread = threading.Thread(target=stash)
+        thread.start()
+        thread.join()
+        assert len(refs) == 2 and all(ref() is None for ref in refs)

@@ -19,9 +19,9 @@ import torch.cuda.profiler
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course.cuda import (autocast, backward_hooks, checkpoints, collectives, cuda_api, devices, environment, fsdp1,
-                         fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl, nested_fastpath,
-                         profiling, rpc, storages, wall_clock)
+from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
+                         fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
+                         nested_fastpath, profiling, rpc, storages, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -122,6 +122,8 @@ class Emulator:
         for target, replacements in cuda_api.module_patches(self.num_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
         self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        for target, replacements in build_info.PATCHES:  # torch.version.cuda, cudnn.version(): a CUDA build's
+            self._patch(target, replacements)
         self._patch(torch, legacy_types.PATCHES)  # isinstance(cuda_x, torch.FloatTensor) is False, as on a GPU box
         self._patch(torch.nn.parallel.comm, collectives.COMM_PATCHES)
         self._patch(torch.cuda.comm, collectives.COMM_PATCHES)
@@ -153,10 +155,12 @@ class Emulator:
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py); FSDP2 and DTensor imported at all,
         # since a group that is not emulated NCCL (the threaded one of FSDPTestMultiThread) never installs them
         sharded = (fsdp1.INIT_MODULE, fsdp2.FSDP_MODULE, fsdp2.DTENSOR_MODULE)
-        # and torch.utils.benchmark.Timer, which reads the simulated clock, whenever the program imports it
-        timer = (wall_clock.TIMER_MODULE,)
-        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded),
-                                        fsdp1.PatchOnImport(self._patch_timer, timer)] + sys.meta_path})
+        # PyTorch's threaded group, and torch.utils.benchmark.Timer (it reads the simulated clock), whenever imported
+        threaded = fsdp1.PatchOnImport(self._patch_threaded_pg, (threaded_pg.MODULE,))
+        timer = fsdp1.PatchOnImport(self._patch_timer, (wall_clock.TIMER_MODULE,))
+        self._patch(sys, {"meta_path": [fsdp1.PatchOnImport(self._patch_sharded, sharded), threaded, timer]
+                          + sys.meta_path})
+        self._patch_threaded_pg()  # PyTorch's threaded group, if a test file imported it already
         if wall_clock.TIMER_MODULE in sys.modules:
             self._patch_timer()
         devices.active = self
@@ -208,6 +212,10 @@ class Emulator:
         for target, replacements in wall_clock.patches():
             self._patch(target, replacements)
 
+    def _patch_threaded_pg(self) -> None:
+        for target, replacements in threaded_pg.patches():
+            self._patch(target, replacements)
+
     def __enter__(self) -> "Emulator":
         return self.start()
 
@@ -255,6 +263,14 @@ def _start_thread(self) -> None:
     _thread_start(self)
 
 
+# Python objects torch keeps in a thread's C++ thread-locals: torch/_inductor/cudagraph_trees.py stashes these in the
+# thread that first imports it, which `torch._dynamo.reset()` does when torch.cuda.is_available() (so under the
+# emulator, from the rank threads of PyTorch's threaded tests). Dropping them needs the GIL; left to the thread's C++
+# exit, that can come after the main thread has begun finalizing, and the process aborts ("terminate called without
+# an active exception": 1 run in 12 of a threaded FSDP2 test file).
+_TLS_OBJECTS = ("tree_manager_containers", "tree_manager_locks")
+
+
 def _run_thread(self) -> None:
     emu = getattr(self, "_course_emulator", None)
     if emu is None or devices.active is not emu:
@@ -265,6 +281,9 @@ def _run_thread(self) -> None:
             _thread_bootstrap_inner(self)
     finally:
         self._course_host_ns = emu.clock.host_ns
+        for key in _TLS_OBJECTS:  # dropped now, while this thread holds the GIL
+            if torch._C._is_key_in_tls(key):
+                torch._C._remove_obj_from_tls(key)
 
 
 def _join_thread(self, timeout=None) -> None:

@@ -8,11 +8,13 @@ thread: each aten op that touches an emulated GPU tensor is recorded; ops that w
 `copy_`, out=, the optimizer's foreach updates) wait for replay; ops that make new tensors run at capture too, so
 their results exist with the right shapes and memory, and at replay run again into those same tensors. Views,
 in-place views (`t_`) and allocations launch no kernel and are not recorded. Reading a value on the host while
-capturing raises CUDA's error. Replay is timed as a GPU runs a graph: the host pays one graph launch
-(costs.HOST_GRAPH_LAUNCH_NS) instead of a launch per kernel, and the recorded kernels, copies and collectives run on
-the device as captured, each on the stream it was captured on (the capture stream's work on the stream replay is
-called on), after their inputs, and the replay stream then waits for all of them, as work queued after a graph
-launch waits for the whole graph. `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
+capturing raises CUDA's error. Capture is timed as on a GPU: each recorded op costs the host a launch (stream capture
+records the launch instead of running it) and nothing runs on the device (the clock's `recording` threads), so results
+made at capture are ready when recorded and no stream is busier after capture. Replay is timed as a GPU runs a graph:
+the host pays one graph launch (costs.HOST_GRAPH_LAUNCH_NS) instead of a launch per kernel, and the recorded kernels,
+copies and collectives run on the device as captured, each on the stream it was captured on (the capture stream's
+work on the stream replay is called on), after their inputs, and the replay stream then waits for all of them, as
+work queued after a graph launch waits for the whole graph. `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
 """
 from __future__ import annotations
 
@@ -97,6 +99,8 @@ class _Capture(TorchDispatchMode):
         if _written(func):
             if all(r.alias_info is not None for r in func._schema.returns):
                 self.graph._ops.append((_lane((args, kwargs)), func, args, kwargs, None))
+                clock = devices.active.clock
+                clock.host_advance(clock.host_launch_ns)  # recorded, not run: the host pays its launch
                 return _aliased_results(func, args, kwargs)
             # writes some arguments and makes new results (batch norm's running statistics): made at capture on
             # copies of what it writes, so the writes themselves wait for replay
@@ -133,8 +137,10 @@ class CUDAGraph:
         self._mode = _Capture(self)
         self._mode.__enter__()
         _capturing.graph = self
+        emu.clock.recording.add(threading.get_ident())
 
     def capture_end(self) -> None:
+        devices.active.clock.recording.discard(threading.get_ident())
         _capturing.graph = None
         self._mode.__exit__(None, None, None)
         self._mode, self._captured = None, True

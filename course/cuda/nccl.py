@@ -520,15 +520,10 @@ def _ddp_init(original):
     return __init__
 
 
-_BF16_HOOKS = ("bf16_compress_hook", "bf16_compress_wrapper_hook")
-
-
 def _register_comm_hook(original):
     """A comm hook runs with torch.cuda taking its bucket's host device for the bucket's GPU (cuda_api._comm_hook).
-
-    DDP refuses the bf16 hooks unless `torch.version.cuda` is set and NCCL is 2.10 or newer, which every CUDA box
-    the emulator stands for has; a CPU build has no CUDA version, so the wrapper of those two is named apart and
-    DDP's check, about the build and not about the hook, does not run."""
+    DDP's own check on the bf16 hooks (`torch.version.cuda` set, NCCL 2.10 or newer) passes as on a CUDA box, since
+    the emulator reports a CUDA build (build_info.py) and NCCL 2.29 (collectives.NCCL_PATCHES)."""
     @functools.wraps(original)
     def register_comm_hook(self, state, hook):
         @functools.wraps(hook)
@@ -538,8 +533,6 @@ def _register_comm_hook(original):
                 return hook(state, bucket)
             with cuda_api.comm_hook_on(gpus[0]):
                 return hook(state, bucket)
-        if hook.__name__ in _BF16_HOOKS:
-            on_the_bucket_gpu.__name__ = f"{hook.__name__}_on_emulated_nccl"
         return original(self, state, on_the_bucket_gpu)
     return register_comm_hook
 

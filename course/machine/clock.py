@@ -34,6 +34,7 @@ class Clock:
         self._main_host_ns = 0
         self._main_thread = threading.main_thread().ident
         self.lock = threading.RLock()
+        self.recording: set[int] = set()  # threads capturing a CUDA graph (see `launch`)
 
     @property
     def host_ns(self) -> int:
@@ -105,6 +106,9 @@ class Clock:
         `also_on` lists other (device, stream) pairs the work occupies too, as a peer copy holds
         the streams of both GPUs. `duration_ns` may be a function of the start time, for a copy whose speed
         depends on what else crosses its links then (course/machine/topology.py).
+
+        On a thread in `recording` (capturing a CUDA graph, course/cuda/graphs.py) the host pays the launch, which
+        records the work, and nothing runs on the device: it returns the host time, when the work was recorded.
         """
         with self.lock:
             thread = get_ident()  # the host_ns property and _python_ns, inlined: this runs for every kernel
@@ -113,6 +117,8 @@ class Clock:
                 host = self._main_host_ns = self._main_host_ns + self.host_launch_ns + python_ns
             else:
                 host = self._host.ns = getattr(self._host, "ns", self._main_host_ns) + self.host_launch_ns + python_ns
+            if thread in self.recording:
+                return host
             ready = self.stream_ready_ns
             lane = (device, stream)
             start = max(host, inputs_ready_ns, ready.get(lane, 0))
