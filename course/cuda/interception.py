@@ -120,12 +120,14 @@ def _to(self, *args, **kwargs):
     else:
         device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
     result = self
-    if device is not None and not isinstance(device, int) and torch.device(device).type == "meta":
+    if device is not None and device.type == "meta":  # _parse_to and other.device give a torch.device
         return _to_meta(self, dtype)
-    if device is not None and _sharded_on_host(self, parse_device(device)):
-        result = _move_shard(self, parse_device(device), non_blocking)
-    elif device is not None and not _sharded_and_on(self, parse_device(device)):
-        result = move(result, parse_device(device), non_blocking)
+    if device is not None:
+        index = parse_device(device)
+        if _sharded_on_host(self, index):
+            result = _move_shard(self, index, non_blocking)
+        elif not _sharded_and_on(self, index):
+            result = move(result, index, non_blocking)
     if dtype is not None and dtype != result.dtype:
         with torch._C.DisableTorchFunctionSubclass():
             result = torch.Tensor.to(result, dtype)
