@@ -6,6 +6,7 @@ emulator steps aside (unless `force=True`), so the same notebook measures the re
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -21,7 +22,7 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
                          fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
-                         nested_fastpath, profiling, rpc, storages, threaded_pg, wall_clock)
+                         nested_fastpath, profiling, rank_rng, rpc, storages, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -260,6 +261,7 @@ def _start_thread(self) -> None:
     emu = devices.active
     if emu is not None:
         self._course_emulator, self._course_host_ns = emu, emu.clock.host_ns
+        self._course_generator = rank_rng.for_new_thread()  # a rank's own; None for the process's
     _thread_start(self)
 
 
@@ -276,8 +278,9 @@ def _run_thread(self) -> None:
     if emu is None or devices.active is not emu:
         return _thread_bootstrap_inner(self)
     emu.clock.host_ns = self._course_host_ns
+    generator = self._course_generator
     try:
-        with EmulatorMode():
+        with EmulatorMode(), rank_rng.rank_thread(generator) if generator is not None else contextlib.nullcontext():
             _thread_bootstrap_inner(self)
     finally:
         self._course_host_ns = emu.clock.host_ns

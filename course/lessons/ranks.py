@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from course.cuda import rank_rng
+
 
 class RankFailed(RuntimeError):
     """A rank raised an exception or died; the message names the rank and carries its traceback."""
@@ -88,13 +90,15 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str 
     results: list = [None] * world_size
     failures: list[tuple[int, BaseException, str]] = []
     store = dist.HashStore()
+    generators = [rank_rng.fork() for _ in range(world_size)]  # each starts where this thread's is, as a fork does
 
     def rank_main(rank: int) -> None:
         try:
             seconds = pg_timeout_s[rank] if isinstance(pg_timeout_s, (list, tuple)) else pg_timeout_s or timeout_s
             dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                     timeout=datetime.timedelta(seconds=seconds))
-            results[rank] = fn(rank, world_size, *args)
+            with rank_rng.rank_thread(generators[rank]):  # its own generator, as a rank process has
+                results[rank] = fn(rank, world_size, *args)
         except SystemExit:  # woken out of a collective because another rank failed
             pass
         except BaseException as error:
