@@ -37,11 +37,7 @@ class ThreadedFSDP2Test(FSDPTestMultiThread):
     def test_fully_shard_trains_as_the_replicated_model(self):
         torch.cuda.set_device(self.rank)
         torch.manual_seed(42)
-        model = MLP(8, torch.device("cuda"))
-        # The rank threads share one generator (the emulated GPUs draw from the CPU's, course/cuda/rng.py), so their
-        # initial draws may interleave; a GPU box gives each device its own. Rank 0's weights for every rank.
-        for p in model.parameters():
-            dist.broadcast(p.detach(), src=0)
+        model = MLP(8, torch.device("cuda"))  # the same weights on every rank: each rank thread has its own generator
         ref = copy.deepcopy(model)
         mesh = init_device_mesh("cuda", (self.world_size,))
         fully_shard(model.in_proj, mesh=mesh)

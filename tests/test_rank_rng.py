@@ -1,0 +1,85 @@
+"""Each rank thread owns its random-number state, as each rank process does (course/cuda/rank_rng.py)."""
+import threading
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import course
+from course.cuda import rank_rng
+from course.lessons.ranks import run_processes, run_threads
+
+
+def seeded_training_draws(rank, world_size):
+    """What a DDP-style rank draws after seeding: model init, dropout (also inside LSTM and attention), the
+    factories, the GPU's seed and state, fork_rng and a saved state put back."""
+    torch.manual_seed(100 + rank)
+    device = f"cuda:{rank}"
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4)).to(device)
+    lstm = nn.LSTM(4, 4, num_layers=2, dropout=0.5).to(device)
+    hidden = model(torch.randn(5, 8, device=device))
+    out, _ = lstm(hidden.unsqueeze(1))
+    attention = F.scaled_dot_product_attention(*(torch.randn(1, 2, 4, 8, device=device) for _ in range(3)),
+                                               dropout_p=0.3)
+    torch.cuda.manual_seed(7 + rank)
+    on_gpu = torch.randn(3, device=device)
+    state = torch.cuda.get_rng_state()
+    first = torch.rand(2, device=device)
+    torch.cuda.set_rng_state(state)
+    again = torch.rand(2, device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.rand(3)
+    others = [torch.randperm(7), torch.multinomial(torch.ones(5), 3), torch.rand(3).bernoulli(),
+              torch.randint(0, 9, (4,)), torch.empty(3).normal_(), nn.init.kaiming_uniform_(torch.empty(2, 2))]
+    tensors = [*model.state_dict().values(), *lstm.state_dict().values(), hidden, out, attention, on_gpu, first,
+               again, *others]
+    return [t.detach().cpu().tolist() for t in tensors] + [torch.initial_seed()]
+
+
+def test_seeded_rank_threads_give_the_same_numbers_every_run_and_as_rank_processes():
+    with course.emulate(gpus=2):
+        process_state = torch.get_rng_state()
+        runs = [run_threads(seeded_training_draws, 2) for _ in range(5)]
+        assert torch.equal(torch.get_rng_state(), process_state), "a rank thread drew from the process's generator"
+        as_processes = run_processes(seeded_training_draws, 2)
+    assert all(run == runs[0] for run in runs[1:])
+    assert runs[0][0] != runs[0][1]  # each rank its own seed
+    assert runs[0] == as_processes
+
+
+def unseeded_draws(rank, world_size):
+    return [torch.rand(3).tolist(), nn.Linear(2, 2).weight.tolist()]
+
+
+def test_unseeded_ranks_start_from_their_starters_state_as_a_fork_and_leave_it_alone():
+    torch.manual_seed(5)
+    draws = run_threads(unseeded_draws, 2)
+    torch.manual_seed(5)
+    assert draws[0] == draws[1] == [torch.rand(3).tolist(), nn.Linear(2, 2).weight.tolist()]
+
+
+def rank_and_helper_thread(rank, world_size):
+    """A rank seeds, then a thread it starts draws: that thread shares the rank's generator, as in a process."""
+    torch.manual_seed(rank)
+    drawn = []
+    helper = threading.Thread(target=lambda: drawn.append(torch.rand(2).tolist()))
+    helper.start()
+    helper.join()
+    return drawn[0]
+
+
+def test_a_thread_a_rank_starts_shares_the_ranks_generator():
+    with course.emulate(gpus=2):
+        draws = run_threads(rank_and_helper_thread, 2)
+    assert draws == [torch.rand(2, generator=torch.Generator().manual_seed(r)).tolist() for r in range(2)]
+
+
+def test_outside_rank_threads_nothing_changes():
+    """No key in this thread's dispatch set, and the default generators are PyTorch's own objects again."""
+    run_threads(lambda rank, world_size: dist.get_rank(), 2)
+    assert not torch._C._dispatch_tls_is_dispatch_key_included(rank_rng.KEY)
+    assert torch.random.default_generator is torch.default_generator
+    with course.emulate(gpus=2):
+        run_threads(lambda rank, world_size: dist.get_rank(), 2)
+        assert torch.cuda.default_generators == (torch.default_generator,) * 2
