@@ -1,7 +1,6 @@
 """`init_process_group("nccl")` and DistributedDataParallel on emulated GPUs, checked against plain CPU torch."""
 import copy
 import os
-import threading
 
 import pytest
 import torch
@@ -14,13 +13,9 @@ import course
 from course.lessons.ranks import RankFailed
 
 
-_init_lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
-
-
 def _model():
-    with _init_lock:
-        torch.manual_seed(1)
-        return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    torch.manual_seed(1)  # each rank thread seeds its own generator (course/cuda/rank_rng.py)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
 def _data(world_size):

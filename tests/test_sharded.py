@@ -1,7 +1,6 @@
 """FSDP2, DTensor and functional collectives on emulated GPUs with init_process_group("nccl"): the fixes in
 course/cuda/nccl.py, course/cuda/functional_collectives.py, course/cuda/fsdp2.py and course/cuda/backward_hooks.py."""
 import os
-import threading
 
 import pytest
 import torch
@@ -14,13 +13,9 @@ from torch.distributed.fsdp import fully_shard
 import course
 from course.cuda import fsdp2
 
-_lock = threading.Lock()  # rank threads share torch's generator: build seeded models one at a time
-
-
 def _mlp():
-    with _lock:
-        torch.manual_seed(3)
-        return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+    torch.manual_seed(3)  # each rank thread seeds its own generator (course/cuda/rank_rng.py)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
 
 
 def _batch():

@@ -7,7 +7,6 @@ and checks it against `train_single_process`, one process training on all ranks'
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Callable
 
 import torch
@@ -21,11 +20,6 @@ from course.lessons.ranks import RankFailed, default_backend, free_port, run_pro
 __all__ = ["average_gradients", "train_data_parallel", "train_single_process", "run_threads",
            "run_processes", "default_backend", "free_port", "RankFailed", "simulate_ddp_step",
            "ddp_scaling", "DDPStep"]
-
-# Rank threads (run_threads) share torch's one global random generator: two seeded factories running
-# at once would interleave their draws and give each rank different weights. Build one at a time.
-_model_init_lock = threading.Lock()
-
 
 def average_gradients(model: torch.nn.Module) -> None:
     """What DDP does after backward, written out: sum each gradient over all ranks, divide by their number.
@@ -52,8 +46,7 @@ def train_data_parallel(rank: int, world_size: int, make_model, rank_batches, lr
     after every backward instead (one's own averaging, to compare). `ddp_options` go to
     DistributedDataParallel (e.g. `find_unused_parameters=True`).
     """
-    with _model_init_lock:
-        model = make_model()
+    model = make_model()
     if hand_written:
         if len({len(batches) for batches in rank_batches}) > 1:
             raise ValueError("average_gradients needs the same number of batches on every rank (its "
