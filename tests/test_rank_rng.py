@@ -13,7 +13,7 @@ from course.lessons.ranks import run_processes, run_threads
 
 def seeded_training_draws(rank, world_size):
     """What a DDP-style rank draws after seeding: model init, dropout (also inside LSTM and attention), the
-    factories, the GPU's seed and state, fork_rng and a saved state put back."""
+    factories, the GPU's seed and state, fork_rng, a saved state put back, and the default generator by name."""
     torch.manual_seed(100 + rank)
     device = f"cuda:{rank}"
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4)).to(device)
@@ -31,10 +31,13 @@ def seeded_training_draws(rank, world_size):
     with torch.random.fork_rng(devices=[]):
         torch.rand(3)
     others = [torch.randperm(7), torch.multinomial(torch.ones(5), 3), torch.rand(3).bernoulli(),
-              torch.randint(0, 9, (4,)), torch.empty(3).normal_(), nn.init.kaiming_uniform_(torch.empty(2, 2))]
+              torch.randint(0, 9, (4,)), torch.empty(3).normal_(), nn.init.kaiming_uniform_(torch.empty(2, 2)),
+              torch.rand(2, generator=torch.default_generator)]
+    torch.default_generator.manual_seed(11 + rank)
+    split = torch.utils.data.random_split(range(6), [3, 3])  # its default generator= is torch's default generator
     tensors = [*model.state_dict().values(), *lstm.state_dict().values(), hidden, out, attention, on_gpu, first,
                again, *others]
-    return [t.detach().cpu().tolist() for t in tensors] + [torch.initial_seed()]
+    return [t.detach().cpu().tolist() for t in tensors] + [torch.initial_seed(), [list(part) for part in split]]
 
 
 def test_seeded_rank_threads_give_the_same_numbers_every_run_and_as_rank_processes():
@@ -79,7 +82,7 @@ def test_outside_rank_threads_nothing_changes():
     """No key in this thread's dispatch set, and the default generators are PyTorch's own objects again."""
     run_threads(lambda rank, world_size: dist.get_rank(), 2)
     assert not torch._C._dispatch_tls_is_dispatch_key_included(rank_rng.KEY)
-    assert torch.random.default_generator is torch.default_generator
+    assert torch.random.default_generator is torch.default_generator is torch._C.default_generator
     with course.emulate(gpus=2):
         run_threads(lambda rank, world_size: dist.get_rank(), 2)
         assert torch.cuda.default_generators == (torch.default_generator,) * 2

@@ -10,10 +10,12 @@ change from run to run. Here each rank thread owns a CPU generator that stands f
   generator when none is given. Composite ops that draw (dropout, LSTM's dropout, `randn`, attention's dropout)
   reach the dispatcher again for the op that draws, so C++-level draws are caught as well as Python-level ones,
   with no lock; other threads never include the key, so they pay nothing per op.
-- the Python API: while rank threads run, `torch.random`'s default generator and `torch.cuda.default_generators`
-  are a stand-in that acts on the calling rank's generator (the process's own in any other thread), so
-  `torch.manual_seed`, `torch.cuda.manual_seed(_all)`, `get/set_rng_state`, `seed`, `initial_seed` and `fork_rng`
-  act on the rank's state. `torch.default_generator` itself stays the process's one object.
+- the Python API: while rank threads run, `torch.default_generator` (also as `torch.random` sees it) and
+  `torch.cuda.default_generators` are a stand-in that acts on the calling rank's generator (the process's own in
+  any other thread), so `torch.manual_seed`, `torch.cuda.manual_seed(_all)`, `get/set_rng_state`, `seed`,
+  `initial_seed` and `fork_rng` act on the rank's state; passed as `generator=`, the stand-in or the process's own
+  default generator (`random_split`'s default) is the rank's too. Python's `random` and NumPy's global generator
+  are not torch's: they stay shared by all ranks.
 
 A rank thread starts from a copy of its starter's state, as a forked process does (`mp.Process` with Linux's
 default start method, `MultiProcessTestCase._fork_processes`): threads, like a fork, begin from their parent's
@@ -58,7 +60,8 @@ def _draw_with_rank_generator(op, position: int | None):
         positional = position is not None and position < len(args)
         given = args[position] if positional else kwargs.get("generator")
         # In a rank process, the default generator, `torch.default_generator` and the stand-in are all one: its own.
-        if given is None or given is _stand_in or given is _process_generator:
+        # (A generator reaches a kernel as a new Python object; `_cdata` is the C++ generator's address.)
+        if given is None or given._cdata in _DEFAULTS:
             if positional:
                 args = args[:position] + (current(),) + args[position + 1:]
             else:
@@ -90,8 +93,9 @@ def _register() -> None:
 
 
 class _StandIn(RealGenerator):
-    """`torch.random.default_generator` and `torch.cuda.default_generators[i]` while rank threads run: the calling
-    rank's generator, or the process's own outside rank threads."""
+    """`torch.default_generator` and `torch.cuda.default_generators[i]` while rank threads run: the calling rank's
+    generator, or the process's own outside rank threads. (Passed as `generator=` outside rank threads, PyTorch
+    would draw from this object's own state: the main thread waits for its ranks meanwhile.)"""
 
     @staticmethod
     def _target() -> torch.Generator:
@@ -119,17 +123,18 @@ class _StandIn(RealGenerator):
 
 
 _stand_in = _StandIn()
-_process_generator = torch._C.default_generator
+_DEFAULTS = frozenset({_stand_in._cdata, torch._C.default_generator._cdata})
 
 
 def _install_stand_ins() -> None:
     saved = _world.saved
     saved.append((torch.random, "default_generator", torch.random.default_generator))
+    saved.append((torch, "default_generator", torch.default_generator))
     cuda_generators = torch.cuda.default_generators
     if cuda_generators and all(g is torch._C.default_generator for g in cuda_generators):  # the emulator's
         saved.append((torch.cuda, "default_generators", cuda_generators))
         torch.cuda.default_generators = (_stand_in,) * len(cuda_generators)
-    torch.random.default_generator = _stand_in
+    torch.random.default_generator = torch.default_generator = _stand_in
 
 
 def _remove_stand_ins() -> None:

@@ -13,6 +13,10 @@ GPU box follow, and are the price of equal numbers: `torch.cuda.manual_seed` res
 `set_rng_state_all` with different states per GPU leaves the last one. A state saved on a real GPU
 (16 bytes: seed and offset) cannot be loaded; the error says so.
 
+"The CPU generator" is the process's, except in rank threads (`course.run_threads`, PyTorch's threaded test world):
+each of those has its own, which its CPU and GPU draws and all the calls above act on, as a rank process has
+(course/cuda/rank_rng.py).
+
 `torch.Generator(device="cuda")` is a CPU generator that reports a CUDA device, so `generator=` works
 with factories on emulated GPUs and seeds reproduce.
 """
