@@ -15,6 +15,7 @@ def seeded_training_draws(rank, world_size):
     """What a DDP-style rank draws after seeding: model init, dropout (also inside LSTM and attention), the
     factories, the GPU's seed and state, fork_rng, a saved state put back, and the default generator by name."""
     torch.manual_seed(100 + rank)
+    dist.all_reduce(torch.zeros(1))  # every rank has seeded before any draws
     device = f"cuda:{rank}"
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4)).to(device)
     lstm = nn.LSTM(4, 4, num_layers=2, dropout=0.5).to(device)

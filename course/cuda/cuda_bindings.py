@@ -32,10 +32,15 @@ def caller_in_torch(depth: int = 1) -> str:
     """The outermost torch function on the stack above `depth`: the one the learner called, e.g.
     `torch.cuda.caching_allocator_alloc`."""
     frame, name = sys._getframe(depth + 1), "this torch.cuda call"
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch."):
-        name = f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}"
+    while frame is not None and (frame.f_globals.get("__name__", "").startswith("torch.")
+                                 or frame.f_globals.get("__name__") == RANK_KERNELS):
+        if frame.f_globals["__name__"] != RANK_KERNELS:
+            name = f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}"
         frame = frame.f_back
     return name
+
+
+RANK_KERNELS = "course.cuda.rank_rng"  # its kernels run between torch's frames in rank threads; the walk passes them
 
 
 def _torch_c_getattr(name: str):

@@ -23,8 +23,10 @@ memory. A spawned rank process (torchrun, `mp.spawn`, `run_processes`) starts in
 from the OS (aten/src/ATen/CPUGeneratorImpl.cpp, `getDefaultCPUGenerator`), so an unseeded program's numbers
 differ from run to run there and no choice here could match them; inheriting keeps a notebook that seeds once at
 the top reproducible. A program that seeds in each rank gives, rank by rank, the numbers it gives as rank
-processes. A thread a rank thread starts (a prefetching thread, DataParallel's workers) shares the rank's
-generator, as a process's threads share its generators; the starter's own generator is never advanced by its ranks.
+processes. A thread a rank thread starts while the emulator runs (a prefetching thread, DataParallel's workers;
+course/cuda/emulator.py starts every thread) shares the rank's generator, as a process's threads share its
+generators; without the emulator such a thread draws from the process's. The starter's own generator is never
+advanced by its ranks.
 """
 from __future__ import annotations
 

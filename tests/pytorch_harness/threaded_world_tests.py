@@ -1,5 +1,5 @@
 """MultiThreadedTestCase- and FSDPTestMultiThread-style tests (PyTorch's "threaded" world, one thread per rank):
-collectives on CUDA tensors, and fully_shard's training parity with a replicated model, two ranks on emulated GPUs."""
+collectives on CUDA tensors, each rank's own random numbers, and fully_shard's training parity with a replicated model, two ranks on emulated GPUs."""
 import copy, torch, torch.nn as nn, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.device_mesh import init_device_mesh
@@ -28,6 +28,17 @@ class ThreadedCollectivesTest(MultiThreadedTestCase):
         b = torch.arange(4.0, device=dev) + 10 * self.rank
         dist.broadcast(b, src=1)
         self.assertEqual(b.cpu(), torch.arange(4.0) + 10)
+    @skip_if_lt_x_gpu(2)
+    def test_each_rank_thread_draws_from_its_own_generator(self):
+        dev = torch.device("cuda", self.rank)
+        torch.manual_seed(self.rank)
+        dist.all_reduce(torch.zeros(1, device=dev))  # every rank has seeded before any draws
+        drawn = torch.cat([nn.Linear(4, 4).to(dev).weight.flatten(), torch.randn(8, device=dev)])
+        outs = [torch.empty_like(drawn) for _ in range(self.world_size)]
+        dist.all_gather(outs, drawn)
+        for rank, got in enumerate(outs):
+            torch.manual_seed(rank)  # as rank processes, each seeded with its rank, would draw
+            self.assertEqual(got.cpu(), torch.cat([nn.Linear(4, 4).weight.flatten(), torch.randn(8)]), msg=f"rank {rank}")
 
 
 class ThreadedFSDP2Test(FSDPTestMultiThread):
