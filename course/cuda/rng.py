@@ -127,7 +127,7 @@ RANDOM_MODULE_PATCHES = {
 def patches(num_gpus: int) -> list[tuple[object, dict]]:
     """What the emulator puts in place for a machine of num_gpus GPUs."""
     return [(torch.cuda.random, RANDOM_MODULE_PATCHES),
-            (torch.cuda, {"default_generators": (torch.default_generator,) * num_gpus,
+            (torch.cuda, {"default_generators": (torch._C.default_generator,) * num_gpus,
                           "set_rng_state": set_rng_state}),
             (torch.random, {"set_rng_state": cpu_set_rng_state}),
             (torch, {"Generator": Generator, "set_rng_state": cpu_set_rng_state})]
