@@ -38,7 +38,7 @@ import types
 import torch
 import torch.random
 
-RealGenerator = torch.Generator  # PyTorch's own class, whatever the emulator has put in its place since
+RealGenerator = torch._C.Generator  # PyTorch's own class (the emulator puts a wrapper at torch.Generator)
 KEY = "TESTING_ONLY_GenericMode"  # a mode key nothing in PyTorch uses outside its C++ tests
 THREADED_PG = "torch.testing._internal.distributed.multi_threaded_pg"
 
