@@ -497,6 +497,7 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
     flops, allow_tf32, gemm = 0, False, None
     if info.tensor_cores:
         flops, gemm = _matmul_terms(func, args, kwargs, out)
+        dtype = costs.operand_dtype(func, args, dtype)
         if dtype is torch.float32:  # what torch.backends.cudnn.allow_tf32 / .cuda.matmul.allow_tf32 read
             allow_tf32 = torch._C._get_cudnn_allow_tf32() if info.cudnn else torch._C._get_cublas_allow_tf32()
     channels_last = True
