@@ -731,6 +731,29 @@ def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
     assert _branch_on_the_build() == "cpu build"
 
 
+def test_is_built_answers_true_to_the_program_and_the_cpu_builds_false_to_torchs_own_modules():
+    """Scripts pick their device with `torch.cuda.is_available() and torch.backends.cuda.is_built()` (or the deprecated
+    `torch.has_cuda`): while emulating, the GPU, as on a CUDA build. PyTorch's own callers go on to CUDA-only C++
+    bindings, so they keep the CPU build's answer: the test harness's BLAS reset runs without calling them."""
+    from torch.testing._internal.common_utils import setBlasBackendsToDefaultFinally
+
+    def pick():
+        return "cuda" if torch.cuda.is_available() and torch.backends.cuda.is_built() else "cpu"
+
+    deprecated = r"'has_cuda' is deprecated, please use 'torch.backends.cuda.is_built\(\)'"
+    assert pick() == "cpu"
+    with course.emulate(gpus=1):
+        assert torch.backends.cuda.is_built() is True and pick() == "cuda"
+        with pytest.warns(UserWarning, match=deprecated):
+            assert torch.has_cuda is True
+        ran = []
+        setBlasBackendsToDefaultFinally(lambda: ran.append(torch.backends.cuda.is_built()))()
+        assert ran == [True]
+    assert torch.backends.cuda.is_built() is False and pick() == "cpu"
+    with pytest.warns(UserWarning, match=deprecated):
+        assert torch.has_cuda is False
+
+
 @pytest.mark.parametrize("gpu", sorted(course.GPUS))
 def test_the_reported_build_has_kernels_for_every_gpu_preset(gpu):
     """PyTorch's own start-up checks (torch.cuda._check_capability and _check_cubins, which _lazy_init runs on a
