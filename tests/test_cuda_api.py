@@ -453,6 +453,95 @@ def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):
     torch.testing.assert_close(out, step())
 
 
+def _graphed_collectives(rank, world_size, emu, steps):
+    """One rank of a graphed step: a kernel, an all-reduce waited on, an all-gather and a functional all-reduce, each
+    issued inside torch.cuda.graph capture, then the graph replayed on fresh inputs. Returns the values after each
+    replay, and the collectives the capture put on the timeline."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    torch.cuda.set_device(rank)
+    x = torch.zeros(1024, device="cuda")
+    gathered = torch.empty(world_size * 1024, device="cuda")
+
+    def step():
+        y = x * 2
+        dist.all_reduce(y)
+        work = dist.all_gather_single(gathered, y + x, async_op=True)
+        work.wait()
+        return y, funcol.all_reduce(gathered * 1, "sum", dist.group.WORLD) + 1
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    dist.barrier(device_ids=[rank])  # this rank's eager step and barrier are on the timeline before its capture begins
+    before = len(emu.clock._events)
+    with torch.cuda.graph(graph):
+        y, z = step()
+    captured = [e for e in emu.clock._events[before:] if e.kind == "collective" and e.device == f"cuda:{rank}"]
+    values = []
+    for value in steps:
+        x.fill_(value * (rank + 1))
+        graph.replay()
+        values.append((y.cpu(), gathered.cpu(), z.cpu()))
+    return values, captured
+
+
+def _graphed_collectives_on_the_cpu(world_size, steps):
+    values = []
+    for value in steps:
+        xs = [torch.full((1024,), value * (rank + 1.0)) for rank in range(world_size)]
+        y = sum(x * 2 for x in xs)
+        gathered = torch.cat([y + x for x in xs])
+        values.append((y, gathered, gathered * world_size + 1))
+    return values
+
+
+def test_nccl_collectives_captured_in_a_cuda_graph_run_at_each_replay():
+    """NCCL collectives can be captured (since NCCL 2.9.6): capture moves no values and keeps the links idle, and each
+    replay runs them on the inputs' values then, timed on the links as eager collectives are."""
+    from course.lessons.ranks import run_threads
+    steps = (1.0, 3.0)
+    with course.emulate(gpus=2) as emu:
+        results = run_threads(_graphed_collectives, 2, emu, steps, backend="nccl")
+        collectives = [e for e in emu.trace if e.kind == "collective" and e.device == "cuda:0"]
+    expected = _graphed_collectives_on_the_cpu(2, steps)
+    for values, captured in results:
+        assert captured == []
+        for got, want in zip(values, expected):
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+    names = [e.name for e in collectives if e.name != "nccl:barrier"]
+    assert names == ["nccl:all_reduce", "nccl:all_gather", "nccl:all_reduce"] * (1 + len(steps))
+    eager, *replays = [[e.duration_ns for e in collectives if e.name != "nccl:barrier"][i:i + 3]
+                       for i in range(0, len(names), 3)]
+    assert replays == [eager] * len(steps)
+
+
+def _capture_a_collective(rank, world_size):
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    x = torch.ones(8, device="cuda")
+    dist.all_reduce(x)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            dist.all_reduce(x)
+    except RuntimeError as error:
+        return str(error)
+    return "captured"
+
+
+@pytest.mark.parametrize("backend, what", [("gloo", "a gloo collective"), ("threaded", "the threaded test group")])
+def test_collectives_of_groups_that_cannot_be_captured_raise_cudas_capture_error(backend, what):
+    """gloo moves GPU values through the host when called, and the threaded test group in Python: neither can run at a
+    replay, so capturing one raises the error a GPU gives instead of computing at capture only."""
+    from course.lessons.ranks import run_threads
+    with course.emulate(gpus=2):
+        errors = run_threads(_capture_a_collective, 2, backend=backend)
+    assert all("operation not permitted when stream is capturing" in e and what in e for e in errors)
+
+
 def test_adam_without_capturable_refuses_graph_capture(emu):
     """As on a GPU: its step count lives on the host, which a replay would not advance."""
     model = nn.Linear(3, 1).to("cuda")
