@@ -36,10 +36,12 @@ forked_from_emulator = False
 hooks = SimpleNamespace(torch_function=None, torch_dispatch=None, reduce_ex=None)
 
 
-# Compressed sparse layouts (CSR, CSC and their block forms) and the accessors of their parts. PyTorch asks a tensor
-# subclass of these layouts for its layout through dispatch (`dispatch_layout`): the C++ wrapper cannot hold one.
-COMPRESSED_PARTS = {torch.sparse_csr: ("crow_indices", "col_indices"), torch.sparse_bsr: ("crow_indices", "col_indices"),
-                    torch.sparse_csc: ("ccol_indices", "row_indices"), torch.sparse_bsc: ("ccol_indices", "row_indices")}
+# Compressed sparse layouts (CSR, CSC and their block forms) and the accessors of their index parts. A tensor subclass
+# of these layouts answers its layout through dispatch (`dispatch_layout`): its C++ wrapper cannot hold one.
+COMPRESSED_PARTS = {torch.sparse_csr: ("crow_indices", "col_indices"),
+                    torch.sparse_bsr: ("crow_indices", "col_indices"),
+                    torch.sparse_csc: ("ccol_indices", "row_indices"),
+                    torch.sparse_bsc: ("ccol_indices", "row_indices")}
 
 
 def sparse_parts(inner: torch.Tensor) -> list[torch.Tensor]:
@@ -47,6 +49,9 @@ def sparse_parts(inner: torch.Tensor) -> list[torch.Tensor]:
     and values; the bytes it holds and a copy moves are theirs."""
     if inner.layout is torch.sparse_coo:
         return [inner._indices(), inner._values()]
+    if inner.layout not in COMPRESSED_PARTS:
+        raise NotImplementedError(f"The GPU emulator does not model {inner.layout} tensors on GPUs; run this part on "
+                                  "a real GPU, or keep these tensors on the CPU.")
     return [getattr(inner, name)() for name in COMPRESSED_PARTS[inner.layout]] + [inner.values()]
 
 
