@@ -518,6 +518,67 @@ def test_nccl_collectives_captured_in_a_cuda_graph_run_at_each_replay():
     assert replays == [eager] * len(steps)
 
 
+def _graphed_ddp_steps(rank, world_size, device):
+    """Whole-network capture with DDP as PyTorch's CUDA semantics notes ask for it ("Usage with
+    DistributedDataParallel": DDP built in a side-stream context, 11 eager warm-up iterations there), capturing forward,
+    backward (DDP's bucket all-reduce) and an SGD step, then replays on fresh inputs. On the CPU every step is eager."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4).to(device)
+    static_x = torch.zeros(4, 8, device=device)
+    inputs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * i + rank)) for i in range(14)]
+    if device == "cpu":
+        ddp = DDP(model)
+    else:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ddp = DDP(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = ddp(static_x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses = []
+    if device == "cpu":
+        for x in inputs:
+            static_x.copy_(x)
+            losses.append(step().item())
+        return losses, model.weight.detach()
+    with torch.cuda.stream(side):
+        for x in inputs[:11]:
+            static_x.copy_(x)
+            losses.append(step().item())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    for x in inputs[11:]:
+        static_x.copy_(x)
+        graph.replay()
+        losses.append(static_loss.item())
+    return losses, model.weight.detach().cpu()
+
+
+def test_ddp_captured_in_a_cuda_graph_trains_as_eager_cpu_ranks():
+    """DDP's backward all-reduces its buckets from C++, through host scratch tensors that only PyTorch's own C++ may
+    mix with GPU tensors: a replay runs those ops again as they were issued at capture (before, it raised a device
+    mismatch), and the replayed steps give the eager losses and weights."""
+    from course.lessons.ranks import run_threads
+    expected = run_threads(_graphed_ddp_steps, 2, "cpu", backend="gloo")
+    with course.emulate(gpus=2):
+        results = run_threads(_graphed_ddp_steps, 2, "cuda", backend="nccl")
+    for (losses, weight), (expected_losses, expected_weight) in zip(results, expected):
+        assert losses == pytest.approx(expected_losses, rel=1e-5)
+        torch.testing.assert_close(weight, expected_weight)
+
+
 def _capture_a_collective(rank, world_size):
     import torch.distributed as dist
     torch.cuda.set_device(rank)

@@ -53,6 +53,12 @@ def capturing_graph() -> "CUDAGraph | None":
     return getattr(_capturing, "graph", None)
 
 
+def replaying() -> bool:
+    """Whether this thread is replaying a graph: the ops it runs again were recorded as PyTorch's C++ issued them (a
+    DDP bucket's host scratch beside GPU tensors, which only PyTorch's own C++ may mix), and keep that right."""
+    return getattr(_capturing, "replaying", False)
+
+
 def inside_recorded_op() -> bool:
     """Whether this thread is running, at capture, an op the graph records whole and runs again at each replay."""
     return getattr(_capturing, "inside_op", False)
@@ -203,17 +209,21 @@ class CUDAGraph:
         origin_device = self._origin[0]
         replay_lane = (origin_device, emu.current_stream_id(origin_device))
         lanes = {replay_lane, *self._side_lanes}
-        with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
-            for (device, stream), func, args, kwargs, out in self._ops:
-                lane = replay_lane if (device, stream) == self._origin else (device, stream)
-                lanes.add(lane)
-                current = emu.current_stream_id(device)
-                emu.set_current_stream(device, lane[1])
-                clock.issue_at(issued)
-                try:
-                    self._run(func, args, kwargs, out)
-                finally:
-                    emu.set_current_stream(device, current)
+        _capturing.replaying = True
+        try:
+            with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
+                for (device, stream), func, args, kwargs, out in self._ops:
+                    lane = replay_lane if (device, stream) == self._origin else (device, stream)
+                    lanes.add(lane)
+                    current = emu.current_stream_id(device)
+                    emu.set_current_stream(device, lane[1])
+                    clock.issue_at(issued)
+                    try:
+                        self._run(func, args, kwargs, out)
+                    finally:
+                        emu.set_current_stream(device, current)
+        finally:
+            _capturing.replaying = False
         clock.host_ns = issued
         clock.join_lanes(replay_lane, lanes)
 

@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import cuda_only_ops, determinism, sync_debug
+from course.cuda import cuda_only_ops, determinism, graphs, sync_debug
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -148,7 +148,7 @@ def _from_torch_internals() -> bool:
     composite op's C++ makes for itself (`one_hot`'s zeros, SDPA's causal mask) when the call was given no
     CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath.
     """
-    if torch._C._current_autograd_node() is not None:
+    if torch._C._current_autograd_node() is not None or graphs.replaying():  # replay: as issued at capture
         return True
     routing, mode = handle_torch_function.__code__, EmulatorMode.__torch_function__.__code__
     frame = sys._getframe(2)
