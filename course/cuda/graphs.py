@@ -54,8 +54,9 @@ def capturing_graph() -> "CUDAGraph | None":
 
 
 def replaying() -> bool:
-    """Whether this thread is replaying a graph: the ops it runs again were recorded as PyTorch's C++ issued them (a
-    DDP bucket's host scratch beside GPU tensors, which only PyTorch's own C++ may mix), and keep that right."""
+    """Whether this thread is replaying a graph. The ops it runs again passed the device checks at capture, some as
+    PyTorch's C++ issued them (a DDP bucket's host scratch beside GPU tensors, which only that C++ may mix): at replay
+    they come from here, and keep that right."""
     return getattr(_capturing, "replaying", False)
 
 
