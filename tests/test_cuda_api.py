@@ -453,6 +453,156 @@ def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):
     torch.testing.assert_close(out, step())
 
 
+def _graphed_collectives(rank, world_size, emu, steps):
+    """One rank of a graphed step: a kernel, an all-reduce waited on, an all-gather and a functional all-reduce, each
+    issued inside torch.cuda.graph capture, then the graph replayed on fresh inputs. Returns the values after each
+    replay, and the collectives the capture put on the timeline."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    torch.cuda.set_device(rank)
+    x = torch.zeros(1024, device="cuda")
+    gathered = torch.empty(world_size * 1024, device="cuda")
+
+    def step():
+        y = x * 2
+        dist.all_reduce(y)
+        work = dist.all_gather_single(gathered, y + x, async_op=True)
+        work.wait()
+        return y, funcol.all_reduce(gathered * 1, "sum", dist.group.WORLD) + 1
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    dist.barrier(device_ids=[rank])  # this rank's eager step and barrier are on the timeline before its capture begins
+    before = len(emu.clock._events)
+    with torch.cuda.graph(graph):
+        y, z = step()
+    captured = [e for e in emu.clock._events[before:] if e.kind == "collective" and e.device == f"cuda:{rank}"]
+    values = []
+    for value in steps:
+        x.fill_(value * (rank + 1))
+        graph.replay()
+        values.append((y.cpu(), gathered.cpu(), z.cpu()))
+    return values, captured
+
+
+def _graphed_collectives_on_the_cpu(world_size, steps):
+    values = []
+    for value in steps:
+        xs = [torch.full((1024,), value * (rank + 1.0)) for rank in range(world_size)]
+        y = sum(x * 2 for x in xs)
+        gathered = torch.cat([y + x for x in xs])
+        values.append((y, gathered, gathered * world_size + 1))
+    return values
+
+
+def test_nccl_collectives_captured_in_a_cuda_graph_run_at_each_replay():
+    """NCCL collectives can be captured (since NCCL 2.9.6): capture moves no values and keeps the links idle, and each
+    replay runs them on the inputs' values then, timed on the links as eager collectives are."""
+    from course.lessons.ranks import run_threads
+    steps = (1.0, 3.0)
+    with course.emulate(gpus=2) as emu:
+        results = run_threads(_graphed_collectives, 2, emu, steps, backend="nccl")
+        collectives = [e for e in emu.trace if e.kind == "collective" and e.device == "cuda:0"]
+    expected = _graphed_collectives_on_the_cpu(2, steps)
+    for values, captured in results:
+        assert captured == []
+        for got, want in zip(values, expected):
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+    names = [e.name for e in collectives if e.name != "nccl:barrier"]
+    assert names == ["nccl:all_reduce", "nccl:all_gather", "nccl:all_reduce"] * (1 + len(steps))
+    eager, *replays = [[e.duration_ns for e in collectives if e.name != "nccl:barrier"][i:i + 3]
+                       for i in range(0, len(names), 3)]
+    assert replays == [eager] * len(steps)
+
+
+def _graphed_ddp_steps(rank, world_size, device):
+    """Whole-network capture with DDP as PyTorch's CUDA semantics notes ask for it ("Usage with
+    DistributedDataParallel": DDP built in a side-stream context, 11 eager warm-up iterations there), capturing forward,
+    backward (DDP's bucket all-reduce) and an SGD step, then replays on fresh inputs. On the CPU every step is eager."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4).to(device)
+    static_x = torch.zeros(4, 8, device=device)
+    inputs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * i + rank)) for i in range(14)]
+    if device == "cpu":
+        ddp = DDP(model)
+    else:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ddp = DDP(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = ddp(static_x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses = []
+    if device == "cpu":
+        for x in inputs:
+            static_x.copy_(x)
+            losses.append(step().item())
+        return losses, model.weight.detach()
+    with torch.cuda.stream(side):
+        for x in inputs[:11]:
+            static_x.copy_(x)
+            losses.append(step().item())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    for x in inputs[11:]:
+        static_x.copy_(x)
+        graph.replay()
+        losses.append(static_loss.item())
+    return losses, model.weight.detach().cpu()
+
+
+def test_ddp_captured_in_a_cuda_graph_trains_as_eager_cpu_ranks():
+    """DDP's backward all-reduces its buckets from C++, through host scratch tensors that only PyTorch's own C++ may
+    mix with GPU tensors: a replay runs those ops again as they were issued at capture (before, it raised a device
+    mismatch), and the replayed steps give the eager losses and weights."""
+    from course.lessons.ranks import run_threads
+    expected = run_threads(_graphed_ddp_steps, 2, "cpu", backend="gloo")
+    with course.emulate(gpus=2):
+        results = run_threads(_graphed_ddp_steps, 2, "cuda", backend="nccl")
+    for (losses, weight), (expected_losses, expected_weight) in zip(results, expected):
+        assert losses == pytest.approx(expected_losses, rel=1e-5)
+        torch.testing.assert_close(weight, expected_weight)
+
+
+def _capture_a_collective(rank, world_size):
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    x = torch.ones(8, device="cuda")
+    dist.all_reduce(x)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            dist.all_reduce(x)
+    except RuntimeError as error:
+        return str(error)
+    return "captured"
+
+
+@pytest.mark.parametrize("backend, what", [("gloo", "a gloo collective"), ("threaded", "the threaded test group")])
+def test_collectives_of_groups_that_cannot_be_captured_raise_cudas_capture_error(backend, what):
+    """gloo moves GPU values through the host when called, and the threaded test group in Python: neither can run at a
+    replay, so capturing one raises the error a GPU gives instead of computing at capture only."""
+    from course.lessons.ranks import run_threads
+    with course.emulate(gpus=2):
+        errors = run_threads(_capture_a_collective, 2, backend=backend)
+    assert all("operation not permitted when stream is capturing" in e and what in e for e in errors)
+
+
 def test_adam_without_capturable_refuses_graph_capture(emu):
     """As on a GPU: its step count lives on the host, which a replay would not advance."""
     model = nn.Linear(3, 1).to("cuda")
@@ -729,6 +879,29 @@ def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
     assert (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
             torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags()) == cpu_build
     assert _branch_on_the_build() == "cpu build"
+
+
+def test_is_built_answers_true_to_the_program_and_the_cpu_builds_false_to_torchs_own_modules():
+    """Scripts pick their device with `torch.cuda.is_available() and torch.backends.cuda.is_built()` (or the deprecated
+    `torch.has_cuda`): while emulating, the GPU, as on a CUDA build. PyTorch's own callers go on to CUDA-only C++
+    bindings, so they keep the CPU build's answer: the test harness's BLAS reset runs without calling them."""
+    from torch.testing._internal.common_utils import setBlasBackendsToDefaultFinally
+
+    def pick():
+        return "cuda" if torch.cuda.is_available() and torch.backends.cuda.is_built() else "cpu"
+
+    deprecated = r"'has_cuda' is deprecated, please use 'torch.backends.cuda.is_built\(\)'"
+    assert pick() == "cpu"
+    with course.emulate(gpus=1):
+        assert torch.backends.cuda.is_built() is True and pick() == "cuda"
+        with pytest.warns(UserWarning, match=deprecated):
+            assert torch.has_cuda is True
+        ran = []
+        setBlasBackendsToDefaultFinally(lambda: ran.append(torch.backends.cuda.is_built()))()
+        assert ran == [True]
+    assert torch.backends.cuda.is_built() is False and pick() == "cpu"
+    with pytest.warns(UserWarning, match=deprecated):
+        assert torch.has_cuda is False
 
 
 @pytest.mark.parametrize("gpu", sorted(course.GPUS))

@@ -11,6 +11,7 @@ import course
 from course.machine import costs, hardware
 
 DTYPE_KEYS = {"fp64", "fp32", "tf32", "bf16", "fp16"}
+LOW_PRECISION_KEYS = {"fp8", "int8"}  # only where the datasheet quotes them
 
 
 class RecordOps(TorchDispatchMode):
@@ -40,7 +41,8 @@ def recorded_call(fn, op):
 
 @pytest.mark.parametrize("preset", hardware.GPUS.values(), ids=list(hardware.GPUS))
 def test_gpu_presets_are_complete_and_positive(preset):
-    assert set(preset.peak_tflops) == DTYPE_KEYS
+    assert DTYPE_KEYS <= set(preset.peak_tflops) <= DTYPE_KEYS | LOW_PRECISION_KEYS
+    assert ("fp8" in preset.peak_tflops) == (preset.compute_capability >= (8, 9))  # where _scaled_mm runs
     assert all(value > 0 for value in preset.peak_tflops.values())
     assert preset.memory_bytes > 0 and preset.multi_processor_count > 0
     assert preset.memory_bandwidth_gbps > 0 and preset.kernel_min_us > 0
@@ -109,6 +111,46 @@ def test_peak_flops_follows_dtype_and_tf32():
     assert costs.peak_flops_per_s(a100, torch.bfloat16, True, False) == tflops["bf16"] * 1e12
     assert costs.peak_flops_per_s(a100, torch.bfloat16, False, False) == tflops["fp32"] * 1e12
     assert costs.peak_flops_per_s(a100, torch.float64, True, False) == tflops["fp64"] * 1e12
+
+
+def test_low_precision_gemms_take_their_inputs_rate_where_the_datasheet_quotes_one():
+    h100, a100, v100 = hardware.gpu("H100"), hardware.gpu("A100-80GB"), hardware.gpu("V100")
+    assert costs.peak_flops_per_s(h100, torch.float8_e4m3fn, True, False) == h100.peak_tflops["fp8"] * 1e12
+    assert costs.peak_flops_per_s(h100, torch.float8_e5m2, True, False) == h100.peak_tflops["fp8"] * 1e12
+    assert costs.peak_flops_per_s(a100, torch.int8, True, False) == a100.peak_tflops["int8"] * 1e12
+    assert costs.peak_flops_per_s(v100, torch.int8, True, False) == v100.peak_tflops["fp32"] * 1e12  # none quoted
+    assert costs.peak_flops_per_s(h100, torch.int8, False, False) == h100.peak_tflops["fp32"] * 1e12  # elementwise
+    a8, i8 = torch.empty(64, 32, dtype=torch.float8_e4m3fn), torch.empty(64, 32, dtype=torch.int8)
+    one = torch.ones(())
+    assert costs.operand_dtype(torch.ops.aten._scaled_mm.default, (a8, a8.t(), one, one), torch.float32) == a8.dtype
+    assert costs.operand_dtype(torch.ops.aten._int_mm.default, (i8, i8.t()), torch.int32) == torch.int8
+    assert costs.operand_dtype(torch.ops.aten.mm.default, (a8, a8.t()), torch.bfloat16) == torch.bfloat16
+    assert costs.gemm_shape(torch.ops.aten._int_mm.default, (i8, i8.t())) == (1, 64, 64, 32)
+    assert costs.op_flops(torch.ops.aten._int_mm.default, (i8, i8.t()), {}, None) == 2 * 64 * 64 * 32
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_and_int8_gemms_on_an_h100_run_faster_than_bf16_by_the_ratio_of_the_peaks(out_dtype):
+    """A compute-bound GEMM: torch._scaled_mm (float8 in) and torch._int_mm (int8 in) run at the FP8 and INT8
+    tensor-core peaks, whatever dtype they return, where the same bf16 GEMM runs at the BF16 peak."""
+    n = 4096  # shapes only: a real 4096^3 GEMM would take the CPU seconds
+    with course.emulate(gpus=1, gpu="H100", materialize=False) as emu:
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        scale = torch.ones((), device="cuda")
+        a8, i8 = a.to(torch.float8_e4m3fn), a.to(torch.int8)
+
+        def kernel_ns(run):
+            before = len(emu.trace)
+            run()
+            (kernel,) = emu.trace[before:]
+            return kernel.duration_ns - emu.gpu.kernel_min_us * 1000
+
+        bf16 = kernel_ns(lambda: a @ a.t())
+        fp8 = kernel_ns(lambda: torch._scaled_mm(a8, a8.t(), scale_a=scale, scale_b=scale, out_dtype=out_dtype))
+        int8 = kernel_ns(lambda: torch._int_mm(i8, i8.t()))
+    peaks = emu.gpu.peak_tflops
+    assert bf16 / fp8 == pytest.approx(peaks["fp8"] / peaks["bf16"], rel=1e-4)
+    assert bf16 / int8 == pytest.approx(peaks["int8"] / peaks["bf16"], rel=1e-4)
 
 
 def mm_cost_ns(gpu, n, dtype=torch.bfloat16):

@@ -456,6 +456,57 @@ def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
     torch.testing.assert_close(back.to_dense(), sparse.to_dense())
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
+def test_sparse_tensors_made_on_a_gpu_compute_print_and_save_as_on_cpu(emu, layout):
+    """Pruning and graph code: `to_sparse()` / `to_sparse_csr()` of a GPU tensor, its parts, sparse @ dense (with the
+    dense side's gradient), addmm, coalesce, `to_dense()`, a move to another GPU, printing and torch.save: CPU
+    torch's values, on the GPU. Compressed layouts (CSR, CSC, BSR) were a "not modelled" error."""
+    import io
+    torch.manual_seed(0)
+    dense = torch.randn(6, 4) * (torch.rand(6, 4) > 0.5)
+    rhs = torch.randn(4, 3, requires_grad=True)
+    make = {"coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr(), "csc": lambda t: t.to_sparse_csc(),
+            "bsr": lambda t: t.to_sparse_bsr((2, 2))}[layout]
+    on_cpu = make(dense)
+    sparse = make(dense.cuda())
+    assert sparse.layout == on_cpu.layout and sparse.device == torch.device("cuda", 0)
+    for got, want in zip(_sparse_parts(sparse), _sparse_parts(on_cpu)):
+        assert got.device == sparse.device
+        torch.testing.assert_close(got.cpu(), want)
+    assert sparse._nnz() == on_cpu._nnz()
+    torch.testing.assert_close(sparse.to_dense().cpu(), dense)
+    if layout in ("coo", "csr"):  # the layouts CPU torch multiplies
+        rhs_gpu = rhs.detach().cuda().requires_grad_()
+        (sparse @ rhs_gpu).sum().backward()
+        (on_cpu @ rhs).sum().backward()
+        torch.testing.assert_close(rhs_gpu.grad.cpu(), rhs.grad)
+        torch.testing.assert_close(torch.addmm(torch.ones(6, 3, device="cuda"), sparse, rhs_gpu).cpu(),
+                                   torch.addmm(torch.ones(6, 3), on_cpu, rhs))
+    if layout == "coo":
+        torch.testing.assert_close((sparse + sparse).coalesce().values().cpu(), (on_cpu + on_cpu).coalesce().values())
+    moved = sparse.to("cuda:1")
+    assert moved.device == torch.device("cuda", 1) and moved.layout == on_cpu.layout
+    text, cpu_text = repr(sparse), repr(on_cpu)
+    assert text.startswith(cpu_text[:cpu_text.rfind("values=")])  # the parts as CPU torch prints them
+    assert f"device='cuda:0', size=(6, 4), nnz={on_cpu._nnz()}," in " ".join(text.split())  # then the device first
+    assert repr(sparse.cpu()) == cpu_text
+    buffer = io.BytesIO()
+    torch.save({"w": sparse}, buffer)
+    for location, device in (("cpu", torch.device("cpu")), ({"cuda:0": "cuda:1"}, torch.device("cuda", 1))):
+        buffer.seek(0)
+        loaded = torch.load(buffer, map_location=location)["w"]
+        assert loaded.layout == on_cpu.layout and loaded.device == device
+        torch.testing.assert_close(loaded.to_dense().cpu(), dense)
+
+
+def _sparse_parts(tensor):
+    if tensor.layout is torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]
+    if tensor.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+
+
 def test_kv_cache_slices_written_under_inference_mode(emu):
     """A decode loop writes each step's keys into a slice of a cache made before `inference_mode`: the slice's
     wrapper was an inference tensor, which autograd cannot give the cache's version counter (it raised)."""

@@ -1,5 +1,6 @@
 """What a CUDA build of PyTorch says about itself: `torch.version.cuda`, `torch.backends.cudnn.version()`,
-`torch.cuda.get_arch_list()` (and so `get_gencode_flags()`), answered while the emulator runs.
+`torch.cuda.get_arch_list()` (and so `get_gencode_flags()`), `torch.backends.cuda.is_built()`, answered while the
+emulator runs.
 
 A CPU build answers None, None and [], so programs that branch on them (`if torch.version.cuda:`,
 `cudnn.version() >= 8000`, `"sm_80" in torch.cuda.get_arch_list()`) would silently take their CPU paths. The
@@ -20,10 +21,24 @@ are not reached; cpp_extension names its build folder `py311_cu126` as on the GP
 GPU (cuDNN on, x a float16/32/64 GPU tensor): a CPU build's answer made nn.LSTM's `flatten_parameters` warn "PyTorch
 was compiled without cuDNN" for every model moved to a GPU. Past that check it asks
 `torch._use_cudnn_rnn_flatten_weight()`, which stays False on this build, so it still does nothing.
+
+`torch.backends.cuda.is_built()` (and its deprecated alias `torch.has_cuda`) answers True to the program: scripts pick
+their device with `torch.cuda.is_available() and torch.backends.cuda.is_built()`, and a CPU build's False sent them to
+the CPU, silently, with nothing on the emulated GPUs. PyTorch's own modules keep the CPU build's False, because each one
+that asks goes on to the C++ CUDA bindings a CPU build lacks: torch/_inductor/cudagraph_trees.py imports
+`torch._C._cuda_CUDAAllocator_AllocatorState` at import time (an ImportError here), the test harness's
+`setBlasBackendsToDefaultFinally` (torch/testing/_internal/common_utils.py) calls
+`torch._C._cuda_resetCublasWorkspaceSize`, and torch/_native/triton_utils.py and cutedsl_utils.py cache their answer for
+the rest of the process. The original `torch.cuda.Stream.__new__` asks too; under the emulator `torch.cuda.Stream` is
+the emulator's (cuda_api.Stream).
 """
 from __future__ import annotations
 
+import functools
+import sys
+
 import torch
+import torch.backends.cuda
 import torch.backends.cudnn
 import torch.version
 
@@ -43,6 +58,12 @@ def get_arch_list() -> list[str]:
     return ARCH_FLAGS.split()
 
 
+@functools.wraps(torch.backends.cuda.is_built)  # torch.has_cuda's deprecation warning names it as torch's
+def is_built() -> bool:
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    return not caller.startswith("torch.")  # torch's own modules (see above); torch/__init__ only for torch.has_cuda
+
+
 # torch.backends.cudnn is a module object of its own class (CudnnModule) around the real module: what programs read
 # goes on that class, so the real module's own functions (`set_flags`, `flags`, which read the CUDA-only benchmark
 # limit when cuDNN is available) keep the CPU build's answers.
@@ -50,4 +71,6 @@ PATCHES = [(torch.version, {"cuda": CUDA_VERSION}),
            (type(torch.backends.cudnn), {"version": staticmethod(lambda: CUDNN_VERSION),
                                          "is_available": staticmethod(lambda: True),
                                          "is_acceptable": staticmethod(is_acceptable)}),
-           (torch.cuda, {"get_arch_list": get_arch_list})]
+           (torch.cuda, {"get_arch_list": get_arch_list}),
+           (torch.backends.cuda, {"is_built": is_built}),
+           (torch, {"_deprecated_attrs": {**torch._deprecated_attrs, "has_cuda": is_built}})]

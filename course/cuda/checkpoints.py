@@ -87,6 +87,12 @@ def reduce_for_save(tensor: EmulatedTensor):
         raise RuntimeError(
             "torch.save needs values, but this tensor is shape-only (course.emulate(materialize=False) computes "
             "shapes, times and memory, not numbers). Use materialize=True to save checkpoints.")
+    if inner.layout is not torch.strided:  # saved as its parts, each a CUDA tensor (Tensor._reduce_ex_internal)
+        if inner.layout is torch.sparse_coo:
+            return torch._utils._rebuild_sparse_tensor, (
+                inner.layout, (tensor._indices(), tensor._values(), tensor.size(), tensor.is_coalesced()))
+        compressed, plain = (getattr(tensor, name)() for name in devices.COMPRESSED_PARTS[inner.layout])
+        return torch._utils._rebuild_sparse_tensor, (inner.layout, (compressed, plain, tensor.values(), tensor.size()))
     hooks = collections.OrderedDict()
     if getattr(tensor, "_is_param", False):  # nn.Parameter around a tensor subclass
         return torch._utils._rebuild_parameter, (tensor.detach(), tensor.requires_grad, hooks)

@@ -36,6 +36,25 @@ forked_from_emulator = False
 hooks = SimpleNamespace(torch_function=None, torch_dispatch=None, reduce_ex=None)
 
 
+# Compressed sparse layouts (CSR, CSC and their block forms) and the accessors of their index parts. A tensor subclass
+# of these layouts answers its layout through dispatch (`dispatch_layout`): its C++ wrapper cannot hold one.
+COMPRESSED_PARTS = {torch.sparse_csr: ("crow_indices", "col_indices"),
+                    torch.sparse_bsr: ("crow_indices", "col_indices"),
+                    torch.sparse_csc: ("ccol_indices", "row_indices"),
+                    torch.sparse_bsc: ("ccol_indices", "row_indices")}
+
+
+def sparse_parts(inner: torch.Tensor) -> list[torch.Tensor]:
+    """The dense tensors a sparse tensor is made of: indices and values (COO), or compressed indices, plain indices
+    and values; the bytes it holds and a copy moves are theirs."""
+    if inner.layout is torch.sparse_coo:
+        return [inner._indices(), inner._values()]
+    if inner.layout not in COMPRESSED_PARTS:
+        raise NotImplementedError(f"The GPU emulator does not model {inner.layout} tensors on GPUs; run this part on "
+                                  "a real GPU, or keep these tensors on the CPU.")
+    return [getattr(inner, name)() for name in COMPRESSED_PARTS[inner.layout]] + [inner.values()]
+
+
 def device_name(index: int) -> str:
     return "cpu" if index == CPU else f"cuda:{index}"
 
@@ -109,7 +128,8 @@ class EmulatedTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
         tensor = None
-        if inner.is_contiguous() and not inner.storage_offset() and inner.layout is torch.strided:
+        layout = inner.layout
+        if layout is torch.strided and inner.is_contiguous() and not inner.storage_offset():
             # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one;
             # `.shape` is cheaper than `.size()`, a method call that parses its arguments, for the same reason).
             # Contiguous is not always default: a size-1 dimension's stride may be anything (`x.t_()` of a row).
@@ -117,6 +137,10 @@ class EmulatedTensor(torch.Tensor):
                                                          requires_grad=requires_grad)
             if tensor.stride() != inner.stride():
                 tensor = None
+        elif layout in COMPRESSED_PARTS:  # no strides, no storage offset: its parts have them
+            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, layout=layout,
+                                                         device=inner.device, requires_grad=requires_grad,
+                                                         dispatch_layout=True)
         if tensor is None:
             tensor = torch.Tensor._make_wrapper_subclass(
                 cls,
@@ -124,7 +148,7 @@ class EmulatedTensor(torch.Tensor):
                 strides=inner.stride(),
                 storage_offset=inner.storage_offset(),
                 dtype=inner.dtype,
-                layout=inner.layout,
+                layout=layout,
                 device=inner.device,
                 requires_grad=requires_grad,
             )
@@ -221,6 +245,8 @@ for _supported in (_optimizer._foreach_supported_types,
 def _format(tensor: EmulatedTensor) -> str:
     """Format like a CUDA tensor: the values, then device, dtype and autograd suffixes."""
     inner = tensor._inner.detach()
+    if inner.layout is not torch.strided and not inner.is_meta:
+        return _format_sparse(tensor, inner)
     prefix = "tensor("
     if inner.is_meta:
         body, suffixes = "...", [f"device='{tensor.device}'", f"size={tuple(inner.shape)}"]
@@ -241,6 +267,24 @@ def _format(tensor: EmulatedTensor) -> str:
     elif tensor.requires_grad:
         suffixes.append("requires_grad=True")
     return torch._tensor_str._add_suffixes(prefix + body, suffixes, len(prefix), False)
+
+
+def _format_sparse(tensor: EmulatedTensor, inner: torch.Tensor) -> str:
+    """A sparse tensor as CPU torch prints its parts, then the suffixes in torch/_tensor_str.py's order and line
+    breaks, the device first."""
+    text = torch._tensor_str._str(inner)
+    contents = text[:text.rfind("size=(")].rstrip()[:-1]  # the parts, without the CPU tensor's suffixes
+    suffixes = [f"device='{tensor.device}'"] if tensor._device_index != CPU else []
+    suffixes += [f"size={tuple(inner.shape)}", f"nnz={inner._nnz()}"]
+    default_complex = torch.cdouble if torch.get_default_dtype() == torch.double else torch.cfloat
+    if inner.dtype not in (torch.get_default_dtype(), default_complex, torch.int64, torch.bool):
+        suffixes.append(f"dtype={inner.dtype}")
+    suffixes.append(f"layout={inner.layout}")
+    if tensor.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")
+    elif tensor.requires_grad:
+        suffixes.append("requires_grad=True")
+    return torch._tensor_str._add_suffixes(contents, suffixes, len("tensor("), inner.is_sparse)
 
 
 def _copy_math_bits(tensor: torch.Tensor, inner: torch.Tensor) -> None:

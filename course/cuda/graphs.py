@@ -15,6 +15,17 @@ the host pays one graph launch (costs.HOST_GRAPH_LAUNCH_NS) instead of a launch 
 copies and collectives run on the device as captured, each on the stream it was captured on (the capture stream's
 work on the stream replay is called on), after their inputs, and the replay stream then waits for all of them, as
 work queued after a graph launch waits for the whole graph. `torch.cuda.make_graphed_callables` is PyTorch's own, built on these.
+
+Collectives of an NCCL group are captured too ("Starting with NCCL 2.9, NCCL operations can be captured by CUDA Graphs",
+collectives and send/recv alike: NCCL user guide, "Using NCCL with CUDA Graphs",
+https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/cudagraph.html): the group records the call instead of
+running it (nccl.py), so at capture no values move and no link is busy, and each replay runs it again, on the values its
+inputs hold then, timed on the links like any collective; a wait on its work while capturing becomes a wait at replay. A
+functional collective (`torch.ops._c10d_functional`, DTensor's) is recorded whole like any op that makes a result, so
+the group call inside it neither runs nor is recorded at capture (`inside_recorded_op`). Collectives of other groups
+raise CUDA's capture error: gloo moves GPU values through the host when called (a host copy and a stream
+synchronisation, which a capture refuses), and PyTorch's threaded test group moves them in Python, so neither could run
+at replay.
 """
 from __future__ import annotations
 
@@ -35,6 +46,30 @@ _capturing = threading.local()
 
 def is_current_stream_capturing() -> bool:
     return getattr(_capturing, "graph", None) is not None
+
+
+def capturing_graph() -> "CUDAGraph | None":
+    """The graph this thread is capturing into, if any."""
+    return getattr(_capturing, "graph", None)
+
+
+def replaying() -> bool:
+    """Whether this thread is replaying a graph. The ops it runs again passed the device checks at capture, some as
+    PyTorch's C++ issued them (a DDP bucket's host scratch beside GPU tensors, which only that C++ may mix): at replay
+    they come from here, and keep that right."""
+    return getattr(_capturing, "replaying", False)
+
+
+def inside_recorded_op() -> bool:
+    """Whether this thread is running, at capture, an op the graph records whole and runs again at each replay."""
+    return getattr(_capturing, "inside_op", False)
+
+
+def refuse_collective(what: str) -> None:
+    """A collective that cannot be captured, issued while capturing: CUDA's error, as the real backend would meet."""
+    if is_current_stream_capturing():
+        raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({what} inside "
+                           "torch.cuda.graph capture; only NCCL collectives can be captured: use the nccl backend)")
 
 
 def _on_gpu(tree) -> bool:
@@ -94,6 +129,8 @@ class _Capture(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing (reading a GPU value "
                                "on the host, e.g. .item() or print, inside torch.cuda.graph capture)")
+        if func.namespace == "c10d":  # a C++ backend's collective on GPU tensors: gloo's
+            refuse_collective("a gloo collective copies GPU values to the host and synchronizes")
         if func.is_view or func._overloadpacket in _NO_KERNEL or torch.Tag.inplace_view in func.tags:
             return func(*args, **kwargs)  # no kernel: shapes and allocations are the host's work
         if _written(func):
@@ -109,7 +146,11 @@ class _Capture(TorchDispatchMode):
             self.graph._ops.append((_lane((args, kwargs)), func, args, kwargs, out))
             return out
         lane = _lane((args, kwargs))
-        out = func(*args, **kwargs)
+        _capturing.inside_op = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            _capturing.inside_op = False
         self.graph._ops.append((lane, func, args, kwargs, out))
         return out
 
@@ -127,11 +168,12 @@ class CUDAGraph:
         self._mode: _Capture | None = None
         self._captured = False
         self._origin: tuple[int, int] | None = None  # the capture stream, whose work replays on replay's stream
+        self._side_lanes: set[tuple[int, int]] = set()  # NCCL's streams, which captured collectives run on
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global", check_input_liveness: bool = False):
         if is_current_stream_capturing():
             raise RuntimeError("CUDA graph capture is already underway on this thread: captures cannot nest")
-        self._ops, self._captured = [], False
+        self._ops, self._side_lanes, self._captured = [], set(), False
         emu = devices.active
         self._origin = (emu.current_device(), emu.current_stream_id(emu.current_device()))
         self._mode = _Capture(self)
@@ -145,6 +187,16 @@ class CUDAGraph:
         self._mode.__exit__(None, None, None)
         self._mode, self._captured = None, True
 
+    def record_call(self, device: int, run, side_lane: tuple[int, int] | None = None) -> None:
+        """Record `run()` to be called at each replay, on `device`'s current stream as now (a collective, or a wait
+        on one, issued while capturing); the host pays its launch now. `side_lane` is a stream the call's work runs
+        on besides: the graph's end waits for it too, as a graph completes when all its work has."""
+        emu = devices.active
+        self._ops.append(((device, emu.current_stream_id(device)), run, (), {}, None))
+        if side_lane is not None:
+            self._side_lanes.add(side_lane)
+        emu.clock.host_advance(emu.clock.host_launch_ns)
+
     def instantiate(self) -> None:
         pass  # nothing to build: replay runs the recorded ops
 
@@ -157,18 +209,22 @@ class CUDAGraph:
         issued = clock.host_ns + costs.HOST_GRAPH_LAUNCH_NS
         origin_device = self._origin[0]
         replay_lane = (origin_device, emu.current_stream_id(origin_device))
-        lanes = {replay_lane}
-        with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
-            for (device, stream), func, args, kwargs, out in self._ops:
-                lane = replay_lane if (device, stream) == self._origin else (device, stream)
-                lanes.add(lane)
-                current = emu.current_stream_id(device)
-                emu.set_current_stream(device, lane[1])
-                clock.issue_at(issued)
-                try:
-                    self._run(func, args, kwargs, out)
-                finally:
-                    emu.set_current_stream(device, current)
+        lanes = {replay_lane, *self._side_lanes}
+        _capturing.replaying = True
+        try:
+            with torch.no_grad():  # a replay runs kernels; autograd recorded what it needed at capture
+                for (device, stream), func, args, kwargs, out in self._ops:
+                    lane = replay_lane if (device, stream) == self._origin else (device, stream)
+                    lanes.add(lane)
+                    current = emu.current_stream_id(device)
+                    emu.set_current_stream(device, lane[1])
+                    clock.issue_at(issued)
+                    try:
+                        self._run(func, args, kwargs, out)
+                    finally:
+                        emu.set_current_stream(device, current)
+        finally:
+            _capturing.replaying = False
         clock.host_ns = issued
         clock.join_lanes(replay_lane, lanes)
 
@@ -184,7 +240,7 @@ class CUDAGraph:
                 static._block.ready_ns = max(static._block.ready_ns, new.ready_ns)
 
     def reset(self) -> None:
-        self._ops, self._captured = [], False
+        self._ops, self._side_lanes, self._captured = [], set(), False
 
     def pool(self) -> tuple[int, int]:
         return (0, id(self))

@@ -13,8 +13,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import cuda_only_ops, determinism, sync_debug
-from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, wrap
+from course.cuda import cuda_only_ops, determinism, graphs, sync_debug
+from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
 from course.machine import costs
@@ -67,7 +67,7 @@ class _OpInfo:
         # written with CPU ops.
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
-        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
+        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default, _LAYOUT)
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
         self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
                                 or func is torch.ops.aten.index.Tensor)
@@ -78,7 +78,7 @@ class _OpInfo:
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
         # has in C++ (c10d's collectives, two aten/_native ops) are the emulator's to model.
-        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native") and \
+        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim") and \
             torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
 
 
@@ -92,6 +92,7 @@ _RESTRIDING_OPS = {getattr(torch.ops.aten, name) for name in
 _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
                     ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
+_LAYOUT = torch.ops.prim.layout.default
 _CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 
@@ -147,7 +148,7 @@ def _from_torch_internals() -> bool:
     composite op's C++ makes for itself (`one_hot`'s zeros, SDPA's causal mask) when the call was given no
     CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath.
     """
-    if torch._C._current_autograd_node() is not None:
+    if torch._C._current_autograd_node() is not None or graphs.replaying():  # replay: as issued at capture
         return True
     routing, mode = handle_torch_function.__code__, EmulatorMode.__torch_function__.__code__
     frame = sys._getframe(2)
@@ -280,6 +281,8 @@ def run_kernel(emu, func, args, kwargs):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
+        if func is _LAYOUT:  # asked only of compressed sparse tensors (devices.COMPRESSED_PARTS)
+            return args[0]._inner.layout
     if info.sizes_from_data and emu.sync_debug_mode and device not in (None, CPU) and \
             sync_debug.is_data_dependent(func, args):
         sync_debug.on_sync(emu)
@@ -431,14 +434,11 @@ def _view_of(view: torch.Tensor, device: int, base: EmulatedTensor) -> EmulatedT
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:
-    """Bytes a new result holds: its storage, or a sparse tensor's indices and values (`nn.Embedding(sparse=True)`'s
-    gradient)."""
+    """Bytes a new result holds: its storage, or a sparse tensor's parts (`nn.Embedding(sparse=True)`'s gradient, a
+    pruned weight's `to_sparse_csr()`)."""
     if tensor.layout is torch.strided:
         return tensor.untyped_storage().nbytes()
-    if tensor.layout is torch.sparse_coo:
-        return _storage_nbytes(tensor._indices()) + _storage_nbytes(tensor._values())
-    raise NotImplementedError(f"The GPU emulator does not model {tensor.layout} tensors on GPUs; run this part on a "
-                              "real GPU, or keep these tensors on the CPU.")
+    return sum(_storage_nbytes(part) for part in sparse_parts(tensor))
 
 
 def _channels_last_like_cudnn(out, args):
@@ -497,6 +497,7 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
     flops, allow_tf32, gemm = 0, False, None
     if info.tensor_cores:
         flops, gemm = _matmul_terms(func, args, kwargs, out)
+        dtype = costs.operand_dtype(func, args, dtype)
         if dtype is torch.float32:  # what torch.backends.cudnn.allow_tf32 / .cuda.matmul.allow_tf32 read
             allow_tf32 = torch._C._get_cudnn_allow_tf32() if info.cudnn else torch._C._get_cublas_allow_tf32()
     channels_last = True

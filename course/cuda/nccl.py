@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course.cuda import cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives
+from course.cuda import cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives, graphs
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator
 from course.cuda.kernels import host_scratch_ready, mark_host_scratch
 from course.machine import costs
@@ -112,6 +112,43 @@ class _Done(dist.Work):
     def result(self) -> list:
         """The output tensors, as ProcessGroupNCCL's work gives them."""
         return self._future.value()
+
+
+class _Captured(_Done):
+    """The work of a collective captured into a CUDA graph (see `_capturable`): each replay runs the collective again,
+    with its options as at capture (PREMUL_SUM rewrites them to SUM as it runs), and a wait on this work while
+    capturing waits, at each replay, for that replay's collective."""
+
+    def __init__(self, group: "EmulatedNCCL", graph, method, args, kwargs):
+        super().__init__(group, 0, _flat(args[0]) if args else [])
+        self._graph, self._replayed = graph, None
+        options = [(a, a.reduceOp) for a in (*args, *kwargs.values()) if hasattr(a, "reduceOp")]
+        device, stream = group._lane(_flat(list(args)) + _flat(list(kwargs.values())))
+
+        def run():
+            for opts, op in options:
+                opts.reduceOp = op
+            self._replayed = method(group, *args, **kwargs)
+        graph.record_call(device, run, side_lane=(device, stream))
+
+    def wait(self, timeout=None) -> bool:
+        if graphs.capturing_graph() is self._graph:
+            self._graph.record_call(self._group._device, lambda: self._replayed.wait())
+        return True
+
+
+def _capturable(method):
+    """A collective or send/recv issued while its thread captures a CUDA graph is recorded, not run: NCCL's kernels are
+    captured like any other (course/cuda/graphs.py), so no values move and no link is busy until a replay runs it."""
+    @functools.wraps(method)
+    def issue(self, *args, **kwargs):
+        graph = graphs.capturing_graph()
+        if graph is None:
+            return method(self, *args, **kwargs)
+        if graphs.inside_recorded_op():  # a functional collective: the graph replays it whole, this call with it
+            return _Done(self, 0, _flat(args[0]) if args else [])
+        return _Captured(self, graph, method, args, kwargs)
+    return issue
 
 
 class _Recv(_Done):
@@ -310,6 +347,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         return lambda nbytes: model(link, nbytes, n)
 
     # -- collectives -----------------------------------------------------------------------------
+    @_capturable
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
         inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
@@ -317,6 +355,7 @@ class EmulatedNCCL(dist.ProcessGroup):
                                 lambda: self._gloo.allreduce(inner, opts), tensors, tensors,
                                 _nbytes(tensors))
 
+    @_capturable
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
         inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
@@ -324,12 +363,14 @@ class EmulatedNCCL(dist.ProcessGroup):
                                 lambda: self._gloo.allreduce_coalesced(inner, opts), tensors, tensors,
                                 _nbytes(tensors))
 
+    @_capturable
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         return self._collective("broadcast", self._link_cost(costs.broadcast_ns),
                                 lambda: self._gloo.broadcast(_unwrap(tensors), opts), tensors, tensors,
                                 _nbytes(tensors))
 
+    @_capturable
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
         inner = _unwrap(tensors)
@@ -345,18 +386,21 @@ class EmulatedNCCL(dist.ProcessGroup):
         return self._collective("reduce", self._link_cost(costs.broadcast_ns), call, tensors, tensors,
                                 _nbytes(tensors))
 
+    @_capturable
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo.allgather(_unwrap(output_lists), _unwrap(inputs), opts),
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
 
+    @_capturable
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo.allgather_coalesced(_unwrap(output_lists), _unwrap(inputs), opts),
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
 
+    @_capturable
     def all_gather_single(self, output, input, opts=None):
         opts = opts or distributed_c10d.AllgatherOptions()
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
@@ -371,6 +415,7 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @_capturable
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
@@ -378,6 +423,7 @@ class EmulatedNCCL(dist.ProcessGroup):
                                     _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False), opts),
                                 input_lists, outputs, _nbytes(_flat(input_lists)))
 
+    @_capturable
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
@@ -398,6 +444,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         n = self.size()
         return costs.copy_ns(self._emu.link, nbytes * (n - 1) // max(n, 1)) if n > 1 else 0
 
+    @_capturable
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts or dist.AllToAllOptions()
         return self._collective("all_to_all", self._all_to_all_cost,
@@ -407,18 +454,21 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    @_capturable
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts or dist.AllToAllOptions()
         return self._collective("all_to_all", self._all_to_all_cost,
                                 lambda: self._gloo.alltoall(_unwrap(outputs), _unwrap(inputs), opts),
                                 inputs, outputs, _nbytes(_flat(inputs)))
 
+    @_capturable
     def gather(self, outputs, inputs, opts=None):
         opts = opts or dist.GatherOptions()
         return self._collective("gather", self._link_cost(costs.broadcast_ns),
                                 lambda: self._gloo.gather(_unwrap(outputs), _unwrap(inputs), opts),
                                 inputs, outputs, _nbytes(_flat(inputs)) * self.size())
 
+    @_capturable
     def scatter(self, outputs, inputs, opts=None):
         opts = opts or dist.ScatterOptions()
         return self._collective("scatter", self._link_cost(costs.broadcast_ns),
@@ -426,11 +476,15 @@ class EmulatedNCCL(dist.ProcessGroup):
                                 inputs, outputs, _nbytes(_flat(outputs)) * self.size())
 
     def barrier(self, opts=None):
+        if graphs.is_current_stream_capturing():  # NCCL's barrier synchronizes the device after its all-reduce
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing (dist.barrier "
+                               "synchronizes the device, inside torch.cuda.graph capture)")
         flag = torch.zeros(1)
         return self._collective("barrier", self._link_cost(costs.ring_allreduce_ns),
                                 lambda: self._gloo.allreduce([flag]), [], [], 0)
 
     # -- point to point --------------------------------------------------------------------------
+    @_capturable
     def send(self, tensors, dst: int, tag: int = 0):
         """Post the values and this rank's ready time; the sender's stream is busy for the transfer."""
         _needs_values("send", tensors)
@@ -442,6 +496,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         end = self._charge(f"send to {dst}", tensors, [], costs.copy_ns(self._emu.link, nbytes), ready, nbytes)
         return _Done(self, end, list(tensors), pending=works)
 
+    @_capturable
     def recv(self, tensors, src: int, tag: int = 0):
         _needs_values("recv", tensors)
         return _Recv(self, tensors, src, tag)

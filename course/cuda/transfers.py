@@ -47,9 +47,9 @@ def _host_address(tensor: torch.Tensor) -> int | None:
 
 
 def _nbytes(inner: torch.Tensor) -> int:
-    """Bytes a copy moves: a sparse COO tensor's indices and values (`sparse_cpu.to("cuda")`), else its elements."""
-    if inner.layout is torch.sparse_coo:
-        return _nbytes(inner._indices()) + _nbytes(inner._values())
+    """Bytes a copy moves: a sparse tensor's parts (`sparse_cpu.to("cuda")`), else its elements."""
+    if inner.layout is not torch.strided:
+        return sum(_nbytes(part) for part in devices.sparse_parts(inner))
     return inner.numel() * inner.element_size()
 
 

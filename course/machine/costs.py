@@ -28,12 +28,20 @@ _FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention],
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         flop_registry[aten._scaled_dot_product_flash_attention_backward],
+    # FlopCounterMode counts float ops only and leaves out torch._int_mm; an int8 GEMM does 2mnk integer ops all the
+    # same, which the datasheets' INT8 TOPS count.
+    aten._int_mm: flop_registry[aten.mm],
 }
 
 # Every op with a FLOP formula is a matmul, convolution or attention; add the composite entry points.
 _TENSOR_CORE_OPS = frozenset(_FLOP_FORMULAS) | {aten.matmul, aten.linear}
 
-_DTYPE_KEYS = {torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DTYPE_KEYS = {torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8",
+               torch.float8_e5m2: "fp8", torch.int8: "int8"}
+
+# GEMMs whose tensor cores multiply another dtype than they return: float8 in, bf16 or fp32 out (torch._scaled_mm);
+# int8 in, int32 out (torch._int_mm). Their rate is their inputs'.
+_WIDENING_GEMMS = frozenset({aten._scaled_mm, aten._int_mm})
 
 
 def _packet(func):
@@ -41,7 +49,8 @@ def _packet(func):
 
 
 def op_flops(func, args, kwargs, out) -> int:
-    """FLOPs of one aten op call, counted exactly as FlopCounterMode counts them (0 for ops it ignores)."""
+    """FLOPs of one aten op call, counted exactly as FlopCounterMode counts them (0 for ops it ignores), and the
+    integer ops of torch._int_mm."""
     formula = _FLOP_FORMULAS.get(_packet(func))
     if formula is None:
         return 0
@@ -53,11 +62,17 @@ def uses_tensor_cores(func) -> bool:
     return _packet(func) in _TENSOR_CORE_OPS
 
 
+def operand_dtype(func, args, out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a matmul-like op's tensor cores multiply: its inputs' for the widening GEMMs, else its output's."""
+    return args[0].dtype if _packet(func) in _WIDENING_GEMMS else out_dtype
+
+
 def peak_flops_per_s(gpu: GPU, dtype: torch.dtype, tensor_cores: bool, allow_tf32: bool) -> float:
     """Datasheet peak for this op: tensor-core rate for matmuls, CUDA-core rate for everything else.
 
     Elementwise ops in bf16/fp16 get the FP32 CUDA-core rate: they are memory-bound in practice and the
-    datasheets only quote half-precision rates for the tensor cores.
+    datasheets only quote half-precision rates for the tensor cores. A matmul in a dtype whose rate the preset's
+    datasheet does not quote (int8 on a V100, which has no INT8 tensor cores) falls back to the FP32 rate.
     """
     key = _DTYPE_KEYS.get(dtype, "fp32")
     if key == "fp64":
@@ -66,14 +81,15 @@ def peak_flops_per_s(gpu: GPU, dtype: torch.dtype, tensor_cores: bool, allow_tf3
         return gpu.peak_tflops["fp32"] * 1e12
     if key == "fp32" and allow_tf32:
         key = "tf32"
-    return gpu.peak_tflops[key] * 1e12
+    return gpu.peak_tflops.get(key, gpu.peak_tflops["fp32"]) * 1e12
 
 
 def gemm_shape(func, args, kwargs=None, out=None) -> tuple[int, int, int, int] | None:
-    """(batch, m, n, k) of a matmul-like aten op (mm, addmm, bmm, baddbmm), None for anything else."""
+    """(batch, m, n, k) of a matmul-like aten op (mm, addmm, bmm, baddbmm, _scaled_mm, _int_mm), None for anything
+    else."""
     try:
         packet = _packet(func)
-        if packet is aten.mm:
+        if packet is aten.mm or packet in _WIDENING_GEMMS:
             a, b = args[0], args[1]
         elif packet is aten.addmm:
             a, b = args[1], args[2]

@@ -186,19 +186,26 @@ class Link:
     nvls_busbw_gbps: float = 0.0
 
 
+# peak_tflops holds the datasheet's dense rates by dtype; "fp8" (torch._scaled_mm) and "int8" (torch._int_mm, TOPS)
+# only where the datasheet quotes them. Their GEMMs reuse the preset's matmul_efficiency and GEMM_TILES, which were
+# calibrated on fp16/bf16 GEMMs: an assumption, as benchmarks/fidelity.py has no float8 or int8 row.
 _GPU_LIST = [
     # V100 SXM2 32GB, https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf
     # : FP64 7.8, FP32 15.7, Tensor (FP16) 125 TFLOPS, 32 GB HBM2 at 900 GB/s. 80 SMs, sm_70 (Volta whitepaper,
     # https://images.nvidia.com/content/volta-architecture/pdf/volta-architecture-whitepaper.pdf).
     # Volta has no TF32 and no BF16 tensor cores: fp32 matmuls with allow_tf32 and bf16 matmuls both run on
-    # the CUDA cores, so "tf32" and "bf16" hold the FP32 peak.
+    # the CUDA cores, so "tf32" and "bf16" hold the FP32 peak. No FP8 (torch._scaled_mm refuses sm_70) and no INT8
+    # tensor cores; the datasheet quotes no INT8 rate, so torch._int_mm falls back to the FP32 peak
+    # (costs.peak_flops_per_s).
     # matmul_efficiency 0.80: no measurement; assumed like the H100/H200 calibration below.
     GPU("V100", "Tesla V100-SXM2-32GB", 32 * GiB, 80, (7, 0),
         {"fp64": 7.8, "fp32": 15.7, "tf32": 15.7, "bf16": 15.7, "fp16": 125.0},
         900.0, 0.80, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # A100 SXM4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
-    # : FP64 9.7, FP32 19.5, TF32 156, BF16 312, FP16 312 TFLOPS (dense); 40GB HBM2 1,555 GB/s, 80GB HBM2e
-    # 2,039 GB/s. 108 SMs, sm_80. matmul_efficiency: 267.9 of 312 TFLOPS bf16 measured with mamf-finder on
+    # : FP64 9.7, FP32 19.5, TF32 156, BF16 312, FP16 312 TFLOPS, INT8 624 TOPS (dense); 40GB HBM2 1,555 GB/s,
+    # 80GB HBM2e 2,039 GB/s. 108 SMs, sm_80. No FP8: Ampere's tensor cores have none, and torch._scaled_mm refuses
+    # sm_80 (`_scaled_mm_allowed_device` in aten/src/ATen/native/cuda/Blas.cpp; course/cuda/cuda_only_ops.py).
+    # matmul_efficiency: 267.9 of 312 TFLOPS bf16 measured with mamf-finder on
     # A100 SXM, CUDA 12.1 (https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md,
     # "Maximum Achievable Matmul FLOPS comparison table"). memory_efficiency: 1.61 of 2.039 TB/s, the STREAM
     # Copy (bytes read + written) of an A100-SXM4-80GB in Azure's ND A100 v4 results
@@ -208,55 +215,61 @@ _GPU_LIST = [
     # With the shape model (GEMM_TILES), 267.9 TFLOP/s on that 6912x16384x2048 shape (whole waves of 256x128
     # tiles on 108 SMs: shape efficiency 1) and 2 us kernel minimum fit matmul_efficiency = 0.8599.
     GPU("A100-40GB", "NVIDIA A100-SXM4-40GB", 40 * GiB, 108, (8, 0),
-        {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0, "int8": 624.0},
         1555.0, 0.8599, 1.61 / 2.039, _KERNEL_MIN_US),
     GPU("A100-80GB", "NVIDIA A100-SXM4-80GB", 80 * GiB, 108, (8, 0),
-        {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0, "int8": 624.0},
         2039.0, 0.8599, 1.61 / 2.039, _KERNEL_MIN_US),
     # H100 SXM5 80GB, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
-    # : FP64 34, FP32 67, TF32 989 / BF16 1,979 / FP16 1,979 TFLOPS *with sparsity* (halved here for dense),
-    # 80 GB HBM3 at 3.35 TB/s. 132 SMs, sm_90 (Hopper whitepaper,
+    # : FP64 34, FP32 67, TF32 989 / BF16 1,979 / FP16 1,979 / FP8 3,958 TFLOPS and INT8 3,958 TOPS *with sparsity*
+    # (halved here for dense: the Hopper whitepaper's dense 494.7, 989.4 and 1,978.9), 80 GB HBM3 at 3.35 TB/s.
+    # 132 SMs, sm_90 (Hopper whitepaper,
     # https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper).
     # Calibrated in this workplace: an 8192^3 bf16 matmul ran at 798 TFLOP/s, a device-to-device copy at
     # 3.0 TB/s counting bytes read + written. With the shape model, 8192^3 is 2048 256x128 tiles in 16 waves
     # over 132 SMs (shape efficiency 0.970), so 798 TFLOP/s fits matmul_efficiency = 0.8333.
     GPU("H100", "NVIDIA H100 80GB HBM3", 80 * GiB, 132, (9, 0),
-        {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+        {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
         3350.0, 0.8333, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # H200 SXM 141GB, https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446
-    # : same compute as H100 SXM (FP64 34, FP32 67, TF32 989*, BF16/FP16 1,979* with sparsity), 141 GB HBM3e
+    # : same compute as H100 SXM (FP64 34, FP32 67, TF32 989*, BF16/FP16 1,979*, FP8 3,958*, INT8 3,958* TOPS,
+    # *with sparsity), 141 GB HBM3e
     # at 4.8 TB/s. Same GH100 die: 132 SMs, sm_90. memory_bytes uses the advertised 141 as GiB.
     # Calibrated in this workplace: 788 TFLOP/s on an 8192^3 bf16 matmul (matmul_efficiency 0.8228 with the
     # shape model, as for the H100), 4.3 TB/s read + written on a copy.
     GPU("H200", "NVIDIA H200", 141 * GiB, 132, (9, 0),
-        {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+        {"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
         4800.0, 0.8228, 4.3 / 4.8, _KERNEL_MIN_US),
     # GeForce RTX 4090, Ada whitepaper appendix,
     # https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf
     # : 128 SMs, FP32 82.6 TFLOPS, tensor FP16/BF16 with FP32 accumulate 165.2 (dense), TF32 82.6, 24 GB
-    # GDDR6X at 1,008 GB/s, sm_89. FP64 runs at 1/64 of FP32 on Ada (same whitepaper): 1.3 TFLOPS.
+    # GDDR6X at 1,008 GB/s, sm_89. FP64 runs at 1/64 of FP32 on Ada (same whitepaper): 1.3 TFLOPS. FP8 330.3 dense
+    # with FP32 accumulate (660.6 with FP16 accumulate): torch._scaled_mm accumulates in FP32 (`scaled_gemm` in
+    # aten/src/ATen/cuda/CUDABlas.cpp sets CUBLAS_COMPUTE_32F). INT8 660.6 TOPS dense.
     # matmul_efficiency 0.9604: fitted on the calibration row "fp16 8192^3 at 158.596 TFLOP/s" of an RTX 4090
     # (https://github.com/mli/transformers-benchmarks/issues/4, first post; shape efficiency 1 on 128 SMs).
     GPU("RTX4090", "NVIDIA GeForce RTX 4090", 24 * GiB, 128, (8, 9),
-        {"fp64": 1.3, "fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
+        {"fp64": 1.3, "fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2, "fp8": 330.3, "int8": 660.6},
         1008.0, 0.9604, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # L4, https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet : FP32 30.3, TF32 120*,
-    # FP16/BF16 242* TFLOPS (*with sparsity, halved here for dense), 24 GB GDDR6 at 300 GB/s, 72 W, PCIe 4.0 x16.
+    # FP16/BF16 242*, FP8 485* TFLOPS, INT8 485* TOPS (*with sparsity, halved here for dense), 24 GB GDDR6 at
+    # 300 GB/s, 72 W, PCIe 4.0 x16.
     # AD104 with 7,424 CUDA cores = 58 SMs of 128, sm_89 (Ada whitepaper above); FP64 1/64 of FP32.
     # matmul_efficiency 0.70: no measurement; the 72 W card throttles under tensor-core load like the T4
     # (assumption).
     GPU("L4", "NVIDIA L4", 24 * GiB, 58, (8, 9),
-        {"fp64": 0.47, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+        {"fp64": 0.47, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5, "int8": 242.5},
         300.0, 0.70, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
     # T4, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
-    # : FP32 8.1, mixed FP16/FP32 tensor 65 TFLOPS, 16 GB GDDR6 at 320 GB/s, 2,560 CUDA cores = 40 SMs, sm_75.
+    # : FP32 8.1, mixed FP16/FP32 tensor 65 TFLOPS, INT8 130 TOPS (Turing has no sparsity: dense), 16 GB GDDR6 at
+    # 320 GB/s, 2,560 CUDA cores = 40 SMs, sm_75. No FP8 (torch._scaled_mm refuses sm_75).
     # FP64 is 1/32 of FP32 on Turing (Turing whitepaper,
     # https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf).
     # No TF32/BF16 tensor cores: "tf32" and "bf16" fall back to the FP32 peak, as on V100.
     # matmul_efficiency 0.70: no measurement; set below the others because the 70 W card throttles its
     # clock under sustained tensor-core load (assumption).
     GPU("T4", "Tesla T4", 16 * GiB, 40, (7, 5),
-        {"fp64": 0.25, "fp32": 8.1, "tf32": 8.1, "bf16": 8.1, "fp16": 65.0},
+        {"fp64": 0.25, "fp32": 8.1, "tf32": 8.1, "bf16": 8.1, "fp16": 65.0, "int8": 130.0},
         320.0, 0.70, _H100_MEMORY_EFFICIENCY, _KERNEL_MIN_US),
 ]
 
