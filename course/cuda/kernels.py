@@ -60,14 +60,16 @@ class _OpInfo:
                           or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
-        self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
+        self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten._convolution,
+                                              torch.ops.aten.convolution_backward)
         # These write their first argument without reading it: it is not memory traffic in.
         self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
         # What runs it: the C++ operator itself (an OpOverload's __call__ only forwards to it), or a CUDA-only op
         # written with CPU ops.
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
-        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default)
+        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default,
+                                torch.ops.aten.convolution.default)
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
         self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
                                 or func is torch.ops.aten.index.Tensor)
@@ -280,6 +282,8 @@ def run_kernel(emu, func, args, kwargs):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
+        if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:
+            return _traced_convolution(emu, args)
     if info.sizes_from_data and emu.sync_debug_mode and device not in (None, CPU) and \
             sync_debug.is_data_dependent(func, args):
         sync_debug.on_sync(emu)
@@ -449,6 +453,23 @@ def _channels_last_like_cudnn(out, args):
         return out
     fix = lambda o: o.contiguous(memory_format=torch.channels_last) if isinstance(o, torch.Tensor) and o.dim() == 4 else o
     return type(out)(fix(o) for o in out) if isinstance(out, (tuple, list)) else fix(out)
+
+
+def _traced_convolution(emu, args):
+    """`convolution` under torch.jit.trace. PyTorch's tracer does not record `convolution` itself but the
+    `_convolution` its kernel calls, and an emulated tensor's kernel runs below the tracer (which sees none of its
+    ops): the trace failed, or held the result as a constant. So `_convolution` runs, and is recorded here as the
+    tracer records it on a GPU."""
+    cudnn = torch.backends.cudnn
+    args = tuple(args) + (cudnn.benchmark, cudnn.deterministic or _deterministic(), cudnn.enabled, cudnn.allow_tf32)
+    out = run_kernel(emu, torch.ops.aten._convolution.default, args, {})
+    graph = torch._C._get_tracing_state().graph()
+    node = graph.create("aten::_convolution", [
+        torch._C._get_value_trace(v) if isinstance(v, torch.Tensor) else graph.insertConstant(v) for v in args], 1)
+    graph.insertNode(node)
+    node.output().inferTypeFrom(out)
+    torch._C._set_value_trace(out, node.output())
+    return out
 
 
 def _crosses_devices(tensors) -> bool:
