@@ -365,10 +365,15 @@ LEGACY_TENSOR_TYPES = {
 }
 
 
-def _raw_allocator(name):
-    def refuse(*args, **kwargs):
-        raise not_modelled(f"torch.cuda.{name}", "there is no device memory to hand out; allocate tensors instead")
-    return refuse
+def caching_allocator_alloc(size: int, device=None, stream=None) -> int:
+    """`torch.cuda.caching_allocator_alloc`: `size` bytes counted on the emulated GPU until
+    `caching_allocator_delete`, at the address `memory_snapshot()` shows. Nothing is there to read or write: a
+    program that hands the address to its own CUDA kernels has none to run here."""
+    return _memory().allocate_raw(_index(device), size)
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    _memory().free_raw(mem_ptr)
 
 
 class ExternalStream:
@@ -519,8 +524,8 @@ PATCHES = {
     "get_stream_from_external": _external_stream,
     "_set_rng_state_offset": _philox_offset("_set_rng_state_offset"),
     "_get_rng_state_offset": _philox_offset("_get_rng_state_offset"),
-    "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
-    "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),
+    "caching_allocator_alloc": caching_allocator_alloc,
+    "caching_allocator_delete": caching_allocator_delete,
     **LEGACY_TENSOR_TYPES,
 }
 

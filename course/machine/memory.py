@@ -113,6 +113,7 @@ class DeviceMemory:
         self._stats = [_DeviceStats() for _ in range(num_gpus)]
         self._live: dict[int, tuple] = {}  # id(block) -> (device, address, nbytes, requested), for snapshots
         self._next_address = [_ADDRESS_BASE + device * 2**40 for device in range(num_gpus)]
+        self._raw: dict[int, Block] = {}  # address -> block, for torch.cuda.caching_allocator_alloc / _delete
         self._lock = threading.RLock()
         # Told of every allocation and free, `observer(action, device, address, nbytes)` with action "alloc" or
         # "free", while torch.cuda.memory._record_memory_history records (course/cuda/memory_history.py).
@@ -196,6 +197,21 @@ class DeviceMemory:
             live = self._live.pop(id(block), None)
         if self.observer is not None and live is not None:
             self.observer("free", live[0], live[1], rounded)
+
+    def allocate_raw(self, device: int, nbytes: int) -> int:
+        """`torch.cuda.caching_allocator_alloc`: a block held until `free_raw` of the address it returns."""
+        block = self.allocate(device, nbytes)
+        with self._lock:
+            address = self._live[id(block)][1]
+            self._raw[address] = block
+        return address
+
+    def free_raw(self, address: int) -> None:
+        """`torch.cuda.caching_allocator_delete`: an address not from `allocate_raw` is refused as CUDA does."""
+        with self._lock:
+            if address not in self._raw:
+                raise RuntimeError(f"invalid device pointer: {hex(address)}")
+            del self._raw[address]
 
     def reset_peak(self, device: int) -> None:
         with self._lock:
