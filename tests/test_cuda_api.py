@@ -143,6 +143,8 @@ def test_raw_allocations_are_counted_until_deleted(emu):
 def test_unmodelled_allocator_calls_name_themselves(emu):
     with pytest.raises(RuntimeError, match=r"torch.cuda.memory.host_memory_stats .*not modelled"):
         torch.cuda.host_memory_stats()
+    with pytest.raises(RuntimeError, match=r"torch.cuda.MemPool \(a private memory pool\) is not modelled"):
+        torch.cuda.MemPool()  # a CPU build's "Tried to instantiate dummy base class" named nothing
     with pytest.raises(RuntimeError, match=r"torch.cuda.ExternalStream \(a stream made outside PyTorch\) is not"):
         torch.cuda.get_stream_from_external(1234, device=1)
     with pytest.raises(RuntimeError, match=r"torch.cuda._set_rng_state_offset \(the Philox offset.* is not modelled"):

@@ -384,6 +384,14 @@ class ExternalStream:
                            "no other library makes CUDA streams here; use torch.cuda.Stream")
 
 
+class MemPool:
+    """`torch.cuda.MemPool`: a private pool of the caching allocator (for NCCL buffers or a custom allocator)."""
+
+    def __new__(cls, *args, **kwargs):
+        raise not_modelled("torch.cuda.MemPool (a private memory pool)",
+                           "allocate without it: the emulated GPU's memory counts are the same in any pool")
+
+
 def _external_stream(*args, **kwargs):
     return ExternalStream(*args, **kwargs)
 
@@ -521,6 +529,7 @@ PATCHES = {
     "CUDAGraph": graphs.CUDAGraph,
     "graph_pool_handle": graphs.graph_pool_handle,
     "ExternalStream": ExternalStream,
+    "MemPool": MemPool,
     "get_stream_from_external": _external_stream,
     "_set_rng_state_offset": _philox_offset("_set_rng_state_offset"),
     "_get_rng_state_offset": _philox_offset("_get_rng_state_offset"),
