@@ -1,4 +1,6 @@
 """The simulated clock, memory accounting, streams, events and shape-only mode."""
+import warnings
+
 import pytest
 import torch
 
@@ -50,16 +52,29 @@ def test_matmul_time_follows_the_roofline_and_dtype():
 
 
 def test_tf32_switch_speeds_up_fp32_matmuls():
+    """Timed at the TF32 rate, but the numbers stay full float32 (the CPU's), and a warning says so rather than
+    let the speed-up pass for a GPU's TF32 rounding; Volta has no TF32, so there the numbers are a GPU's."""
     with course.emulate(gpus=1) as emu:
         a = torch.randn(2048, 2048, device="cuda:0")
-        a @ a
+        want = a @ a
         torch.backends.cuda.matmul.allow_tf32 = True
         try:
-            a @ a
+            with pytest.warns(UserWarning, match="computes them in full float32"):
+                got = a @ a
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
         plain, tf32 = _kernels(emu, "aten::mm")
+        assert torch.equal(got.cpu(), want.cpu())
+        a = a.cpu()
     assert tf32.duration_ns < plain.duration_ns / 4
+    with course.emulate(gpus=1, gpu="V100"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                a.cuda() @ a.cuda()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def test_peer_copies_wait_for_the_source_and_use_the_link():

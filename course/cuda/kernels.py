@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 
 import torch
 import torch.utils._pytree
@@ -527,7 +528,19 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
     key = (flops, nbytes, dtype, info.tensor_cores, allow_tf32, gemm, info.cudnn, channels_last)
     duration = emu.kernel_ns_cache.get(key)
     if duration is None:
+        if allow_tf32 and emu.gpu.peak_tflops["tf32"] > emu.gpu.peak_tflops["fp32"]:
+            _note_tf32_not_applied()
         duration = emu.kernel_ns_cache[key] = costs.kernel_ns(emu.gpu, flops, nbytes, dtype, info.tensor_cores,
                                                               allow_tf32, gemm, info.cudnn, channels_last)
     return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration, inputs_ready_ns,
                             (), flops, nbytes)
+
+
+def _note_tf32_not_applied():
+    """TF32 is timed, not applied: the numbers stay the CPU's full float32, where a GPU with TF32 tensor cores
+    rounds the inputs to 10 mantissa bits (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "TF32"). Python
+    shows this once (one warning location)."""
+    warnings.warn("TF32 is allowed (torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32 or "
+                  "set_float32_matmul_precision): the GPU emulator times float32 matmuls and convolutions at the TF32 "
+                  "tensor-core rate but computes them in full float32, as the CPU does; a GPU's TF32 results differ "
+                  "from these by up to about 1e-3 relative.", stacklevel=2)
