@@ -766,3 +766,22 @@ def test_an_lstm_moved_to_a_gpu_does_not_warn_about_a_build_without_cudnn(emu):
         gpu.load_state_dict(cpu.state_dict())
         out, _ = gpu(x.cuda())
     torch.testing.assert_close(out.cpu(), cpu(x)[0])
+
+
+def test_can_device_access_peer_answers_as_peer_copies_are_costed():
+    """It raised "not modelled"; now it says what the copies are priced by: every pair without a machine preset, the
+    NVLink-joined pairs of a DGX-1V (not those that stage through the host), none of 4xRTX4090, never a GPU itself."""
+    with course.emulate(gpus=2):
+        assert torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer("cuda:1", 0)
+        assert not torch.cuda.can_device_access_peer(1, 1)
+        with pytest.raises(AssertionError, match="Invalid peer device id"):
+            torch.cuda.can_device_access_peer(0, 2)
+    from course.machine import hardware, topology
+    dgx = hardware.machine("DGX-1V")
+    with course.emulate(machine="DGX-1V", materialize=False):
+        answers = {(a, b): torch.cuda.can_device_access_peer(a, b) for a in range(8) for b in range(8) if a != b}
+    assert answers == {(a, b): dgx.bricks_between(a, b) > 0 for a, b in answers}
+    assert set(answers.values()) == {True, False}
+    with course.emulate(machine="4xRTX4090", materialize=False):
+        assert not any(torch.cuda.can_device_access_peer(a, b) for a in range(4) for b in range(4))
+    assert topology.reads_host_memory(hardware.machine("4xRTX4090"), 0, 1)

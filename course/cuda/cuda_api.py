@@ -19,6 +19,7 @@ from course.cuda import cuda_bindings, graphs, rng, sharing, sync_debug, torchsc
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
+from course.machine import topology
 from course.machine.memory import DeviceMemory
 
 
@@ -264,6 +265,22 @@ def device_count() -> int:
 
 def current_device() -> int:
     return _emu().current_device()
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """`torch.cuda.can_device_access_peer`: what the peer copies are costed by. Without a machine preset every pair
+    copies directly over the link; in a preset, the pairs a switch or NVLink bricks join do, and the others stage
+    their copies through host memory (topology.reads_host_memory). A GPU is never its own peer (CUDA answers 0)."""
+    emu = _emu()
+    device = torch.cuda._utils._get_device_index(device, optional=True)
+    peer_device = torch.cuda._utils._get_device_index(peer_device)
+    if not 0 <= device < emu.num_gpus:
+        raise AssertionError("Invalid device id")
+    if not 0 <= peer_device < emu.num_gpus:
+        raise AssertionError("Invalid peer device id")
+    if device == peer_device:
+        return False
+    return emu.machine is None or not topology.reads_host_memory(emu.machine, device, peer_device)
 
 
 def set_device(device) -> None:
@@ -516,6 +533,7 @@ PATCHES = {
     "device_of": device_of,
     "init": lambda: None,
     "get_allocator_backend": lambda: "native",
+    "can_device_access_peer": can_device_access_peer,
     "memory_allocated": memory_allocated,
     "max_memory_allocated": max_memory_allocated,
     "memory_reserved": memory_allocated,
