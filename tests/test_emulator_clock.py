@@ -180,6 +180,27 @@ def test_memory_counts_live_and_peak_and_gives_memory_back():
         del small
 
 
+def test_storage_resize_frees_and_takes_back_gpu_memory():
+    """`untyped_storage().resize_(0)` (how FSDP and ZeRO-3 free a parameter's memory and keep the tensor) gave the
+    bytes back to nothing: memory_allocated stayed where a GPU's drops. Now it drops, comes back with resize_(n),
+    and the tensor and its views still work; what dies after is counted once."""
+    with course.emulate(gpus=1):
+        buf = torch.zeros(2**16, device="cuda")
+        view = buf[:10]
+        nbytes = buf.untyped_storage().nbytes()
+        assert torch.cuda.memory_allocated() == nbytes
+        buf.untyped_storage().resize_(0)
+        assert torch.cuda.memory_allocated() == 0 and buf.untyped_storage().nbytes() == 0
+        buf.untyped_storage().resize_(nbytes)
+        assert torch.cuda.memory_allocated() == nbytes
+        buf.fill_(2.0)
+        assert view.sum().item() == 20.0
+        buf._typed_storage()._resize_(0)  # FSDP1's _free_storage
+        assert torch.cuda.memory_allocated() == 0
+        del buf, view
+        assert torch.cuda.memory_allocated() == 0 and torch.cuda.memory_stats()["active.all.current"] == 0
+
+
 def test_out_of_memory_is_raised_before_the_cpu_allocates():
     with course.emulate(gpus=1, gpu="T4") as emu:
         capacity = emu.gpu.memory_bytes

@@ -53,6 +53,17 @@ class Block:
         self.memory.free(self)
 
 
+class _CountedElsewhere:
+    """The memory of a block whose counts another block took over (DeviceMemory.resize): its death frees nothing."""
+
+    @staticmethod
+    def free(block: Block) -> None:
+        return None
+
+
+_COUNTED_ELSEWHERE = _CountedElsewhere()
+
+
 class _Pool:
     """One pool's counts (blocks, bytes, bytes requested), updated in place on every allocation and free.
 
@@ -186,6 +197,18 @@ class DeviceMemory:
         if self.observer is not None:
             self.observer("alloc", device, address, rounded)
         return block
+
+    def resize(self, block: Block, nbytes: int) -> None:
+        """`storage.resize_(nbytes)` of a GPU storage (FSDP and ZeRO-3 free a parameter's memory with resize_(0) and
+        take it back later): the block now counts `nbytes`, as if freed and allocated again."""
+        if block.requested == nbytes:
+            return
+        fresh = self.allocate(block.device, nbytes)  # first, so that a resize that does not fit changes nothing
+        self.free(block)
+        with self._lock:
+            self._live[id(block)] = self._live.pop(id(fresh))
+        block.nbytes, block.requested = fresh.nbytes, fresh.requested
+        fresh.memory = _COUNTED_ELSEWHERE
 
     def free(self, block: Block) -> None:
         rounded = block.nbytes
