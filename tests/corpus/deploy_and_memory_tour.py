@@ -1,8 +1,9 @@
 """Deployment and memory habits on a GPU box: torch.jit.trace of a conv net already on cuda (run on new inputs,
 backpropagated, saved and loaded back with map_location), the raw allocator (caching_allocator_alloc / _delete
-with memory_allocated around them), a pinned prefetch on a side stream with record_stream and events,
-activation offload with save_on_cpu(pin_memory=True) and saved_tensors_hooks parking activations on a second
-GPU, register_multi_grad_hook, and TF32 switches read back after set_float32_matmul_precision."""
+with memory_allocated around them), untyped_storage().resize_(0) freeing a buffer as ZeRO-3 does, peer access,
+a pinned prefetch on a side stream with record_stream and events, activation offload with
+save_on_cpu(pin_memory=True) and saved_tensors_hooks parking activations on a second GPU,
+register_multi_grad_hook, and TF32 switches read back after set_float32_matmul_precision."""
 import io
 import json
 
@@ -37,12 +38,20 @@ def memory_and_streams():
     batches = [torch.randn(32, 16) for _ in range(3)]
     w = torch.randn(16, 8, device=DEV)
     if not CUDA:
-        return {"sums": [(b @ w).relu().sum().item() for b in batches], "raw": [True, True], "elapsed": True}
+        return {"sums": [(b @ w).relu().sum().item() for b in batches], "raw": [True, True, True, True, 8.0],
+                "elapsed": True, "peer": True}
     before = torch.cuda.memory_allocated()
     ptr = torch.cuda.caching_allocator_alloc(1 << 20)
     raw = [torch.cuda.memory_allocated() - before >= 1 << 20]
     torch.cuda.caching_allocator_delete(ptr)
     raw.append(torch.cuda.memory_allocated() == before)
+    flat = torch.zeros(1 << 14, device=DEV)  # ZeRO-3 / FSDP1 free a parameter's memory and keep the tensor
+    storage, nbytes = flat.untyped_storage(), flat.untyped_storage().nbytes()
+    storage.resize_(0)
+    raw.append(torch.cuda.memory_allocated() == before)
+    storage.resize_(nbytes)
+    raw.append(torch.cuda.memory_allocated() == before + nbytes)
+    raw.append(flat[:4].fill_(2.0).sum().item())
     side, compute = torch.cuda.Stream(), torch.cuda.current_stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -55,7 +64,8 @@ def memory_and_streams():
         sums.append((staged @ w).relu().sum().item())
     end.record()
     end.synchronize()
-    return {"sums": sums, "raw": raw, "elapsed": start.elapsed_time(end) > 0}
+    peer = torch.cuda.device_count() < 2 or torch.cuda.can_device_access_peer(0, 1)
+    return {"sums": sums, "raw": raw, "elapsed": start.elapsed_time(end) > 0, "peer": peer}
 
 
 def offload():
