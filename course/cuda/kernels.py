@@ -14,7 +14,7 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import cuda_only_ops, determinism, sync_debug
+from course.cuda import blas_dtypes, cuda_only_ops, determinism, sync_debug
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -45,7 +45,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel")
+                 "python_cuda_kernel", "blas_name")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -77,6 +77,7 @@ class _OpInfo:
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
+        self.blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)  # a matrix product: floats only
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
@@ -290,6 +291,8 @@ def run_kernel(emu, func, args, kwargs):
         sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
+    if info.blas_name is not None and device is not None and device != CPU:
+        blas_dtypes.check(info.blas_name, un_args)
     try:
         out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:
