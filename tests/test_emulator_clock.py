@@ -53,7 +53,8 @@ def test_matmul_time_follows_the_roofline_and_dtype():
 
 def test_tf32_switch_speeds_up_fp32_matmuls():
     """Timed at the TF32 rate, but the numbers stay full float32 (the CPU's), and a warning says so rather than
-    let the speed-up pass for a GPU's TF32 rounding; Volta has no TF32, so there the numbers are a GPU's."""
+    let the speed-up pass for a GPU's TF32 rounding (not for convolutions, where cuDNN's TF32 is the default); Volta
+    has no TF32, so there the numbers are a GPU's."""
     with course.emulate(gpus=1) as emu:
         a = torch.randn(2048, 2048, device="cuda:0")
         want = a @ a
@@ -67,6 +68,9 @@ def test_tf32_switch_speeds_up_fp32_matmuls():
         assert torch.equal(got.cpu(), want.cpu())
         a = a.cpu()
     assert tf32.duration_ns < plain.duration_ns / 4
+    with course.emulate(gpus=1), warnings.catch_warnings():
+        warnings.simplefilter("error")  # cuDNN's TF32 is on by default: no warning for every convolution
+        torch.nn.functional.conv2d(torch.randn(1, 3, 8, 8).cuda(), torch.randn(4, 3, 3, 3).cuda())
     with course.emulate(gpus=1, gpu="V100"):
         torch.backends.cuda.matmul.allow_tf32 = True
         try:

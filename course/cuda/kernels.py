@@ -68,7 +68,8 @@ class _OpInfo:
         # What runs it: the C++ operator itself (an OpOverload's __call__ only forwards to it), or a CUDA-only op
         # written with CPU ops.
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
-        # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
+        # Ops that may leave the kernel path: a copy between devices, a read of a value by the host, a convolution
+        # being traced.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default,
                                 torch.ops.aten.convolution.default)
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
@@ -531,7 +532,7 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
     key = (flops, nbytes, dtype, info.tensor_cores, allow_tf32, gemm, info.cudnn, channels_last)
     duration = emu.kernel_ns_cache.get(key)
     if duration is None:
-        if allow_tf32 and emu.gpu.peak_tflops["tf32"] > emu.gpu.peak_tflops["fp32"]:
+        if allow_tf32 and not info.cudnn and emu.gpu.peak_tflops["tf32"] > emu.gpu.peak_tflops["fp32"]:
             _note_tf32_not_applied()
         duration = emu.kernel_ns_cache[key] = costs.kernel_ns(emu.gpu, flops, nbytes, dtype, info.tensor_cores,
                                                               allow_tf32, gemm, info.cudnn, channels_last)
@@ -541,9 +542,9 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
 
 def _note_tf32_not_applied():
     """TF32 is timed, not applied: the numbers stay the CPU's full float32, where a GPU with TF32 tensor cores
-    rounds the inputs to 10 mantissa bits (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "TF32"). Python
-    shows this once (one warning location)."""
-    warnings.warn("TF32 is allowed (torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32 or "
-                  "set_float32_matmul_precision): the GPU emulator times float32 matmuls and convolutions at the TF32 "
-                  "tensor-core rate but computes them in full float32, as the CPU does; a GPU's TF32 results differ "
-                  "from these by up to about 1e-3 relative.", stacklevel=2)
+    rounds the inputs to 10 mantissa bits (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "TF32"). Said for
+    matmuls, where a program asked for TF32, and not for convolutions, where cuDNN allows it by default (the README
+    says so); Python shows it once (one warning location)."""
+    warnings.warn("TF32 is allowed (torch.backends.cuda.matmul.allow_tf32 or set_float32_matmul_precision): the GPU "
+                  "emulator times float32 matmuls at the TF32 tensor-core rate but computes them in full float32, as "
+                  "the CPU does; a GPU's TF32 results differ from these by up to about 1e-3 relative.", stacklevel=2)
