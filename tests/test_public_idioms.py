@@ -772,3 +772,15 @@ def test_jit_trace_of_a_gpu_convolution_records_it(emu, tmp_path):
     torch.jit.save(traced, tmp_path / "conv.pt")
     torch.testing.assert_close(torch.jit.load(tmp_path / "conv.pt", map_location="cpu")(cpu_x.detach()),
                                out.detach().cpu())
+
+
+def test_torch_gc_helper_of_chat_demos_runs(emu):
+    """`torch_gc()` as chat-model web demos write it: empty_cache then ipc_collect (which raised "not modelled")
+    inside `torch.cuda.device`; the memory of live tensors stays counted, that of freed ones is gone."""
+    keep = torch.ones(1024, device="cuda:1")
+    drop = torch.ones(2048, device="cuda:1")
+    del drop
+    with torch.cuda.device("cuda:1"):
+        torch.cuda.empty_cache()
+        torch.cuda.ipc_collect()
+    assert torch.cuda.memory_allocated(1) == keep.numel() * 4 and torch.cuda.memory_reserved(1) == 4096

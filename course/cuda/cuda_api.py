@@ -350,6 +350,12 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return total - memory_allocated(device), total
 
 
+def ipc_collect() -> None:
+    """`torch.cuda.ipc_collect`: frees what CUDA IPC left cached for tensors other processes stopped using. Nothing
+    is cached here (a GPU tensor reaches another process as host memory, course/cuda/sharing.py): nothing to free,
+    as after `empty_cache`, which the `torch_gc()` helpers of chat-model demos call just before it."""
+
+
 def _lazy_init() -> None:
     """Where torch.cuda's own functions start; any that get here are not modelled, and are named."""
     raise not_modelled(cuda_bindings.caller_in_torch(),
@@ -534,6 +540,7 @@ PATCHES = {
     "init": lambda: None,
     "get_allocator_backend": lambda: "native",
     "can_device_access_peer": can_device_access_peer,
+    "ipc_collect": ipc_collect,
     "memory_allocated": memory_allocated,
     "max_memory_allocated": max_memory_allocated,
     "memory_reserved": memory_allocated,
