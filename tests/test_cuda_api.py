@@ -127,11 +127,24 @@ def test_memory_history_records_allocations_with_their_python_stack(emu, tmp_pat
     del x
 
 
+def test_raw_allocations_are_counted_until_deleted(emu):
+    """caching_allocator_alloc / _delete (which raised "not modelled"): the bytes count on the device asked for,
+    at the address memory_snapshot() shows, until deleted; a second delete is refused as CUDA refuses it."""
+    before = torch.cuda.memory_allocated(1)
+    ptr = torch.cuda.caching_allocator_alloc(3000, device=1)
+    assert torch.cuda.memory_allocated(1) - before == 3072 and torch.cuda.memory_allocated(0) == 0
+    assert ptr in [s["address"] for s in torch.cuda.memory_snapshot() if s["device"] == 1]
+    torch.cuda.caching_allocator_delete(ptr)
+    assert torch.cuda.memory_allocated(1) == before
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.cuda.caching_allocator_delete(ptr)
+
+
 def test_unmodelled_allocator_calls_name_themselves(emu):
     with pytest.raises(RuntimeError, match=r"torch.cuda.memory.host_memory_stats .*not modelled"):
         torch.cuda.host_memory_stats()
-    with pytest.raises(RuntimeError, match="torch.cuda.caching_allocator_alloc is not modelled"):
-        torch.cuda.caching_allocator_alloc(1024)
+    with pytest.raises(RuntimeError, match=r"torch.cuda.MemPool \(a private memory pool\) is not modelled"):
+        torch.cuda.MemPool()  # a CPU build's "Tried to instantiate dummy base class" named nothing
     with pytest.raises(RuntimeError, match=r"torch.cuda.ExternalStream \(a stream made outside PyTorch\) is not"):
         torch.cuda.get_stream_from_external(1234, device=1)
     with pytest.raises(RuntimeError, match=r"torch.cuda._set_rng_state_offset \(the Philox offset.* is not modelled"):
@@ -926,3 +939,22 @@ def test_an_lstm_moved_to_a_gpu_does_not_warn_about_a_build_without_cudnn(emu):
         gpu.load_state_dict(cpu.state_dict())
         out, _ = gpu(x.cuda())
     torch.testing.assert_close(out.cpu(), cpu(x)[0])
+
+
+def test_can_device_access_peer_answers_as_peer_copies_are_costed():
+    """It raised "not modelled"; now it says what the copies are priced by: every pair without a machine preset, the
+    NVLink-joined pairs of a DGX-1V (not those that stage through the host), none of 4xRTX4090, never a GPU itself."""
+    with course.emulate(gpus=2):
+        assert torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer("cuda:1", 0)
+        assert not torch.cuda.can_device_access_peer(1, 1)
+        with pytest.raises(AssertionError, match="Invalid peer device id"):
+            torch.cuda.can_device_access_peer(0, 2)
+    from course.machine import hardware, topology
+    dgx = hardware.machine("DGX-1V")
+    with course.emulate(machine="DGX-1V", materialize=False):
+        answers = {(a, b): torch.cuda.can_device_access_peer(a, b) for a in range(8) for b in range(8) if a != b}
+    assert answers == {(a, b): dgx.bricks_between(a, b) > 0 for a, b in answers}
+    assert set(answers.values()) == {True, False}
+    with course.emulate(machine="4xRTX4090", materialize=False):
+        assert not any(torch.cuda.can_device_access_peer(a, b) for a in range(4) for b in range(4))
+    assert topology.reads_host_memory(hardware.machine("4xRTX4090"), 0, 1)

@@ -1,4 +1,6 @@
 """The simulated clock, memory accounting, streams, events and shape-only mode."""
+import warnings
+
 import pytest
 import torch
 
@@ -50,16 +52,33 @@ def test_matmul_time_follows_the_roofline_and_dtype():
 
 
 def test_tf32_switch_speeds_up_fp32_matmuls():
+    """Timed at the TF32 rate, but the numbers stay full float32 (the CPU's), and a warning says so rather than
+    let the speed-up pass for a GPU's TF32 rounding (not for convolutions, where cuDNN's TF32 is the default); Volta
+    has no TF32, so there the numbers are a GPU's."""
     with course.emulate(gpus=1) as emu:
         a = torch.randn(2048, 2048, device="cuda:0")
-        a @ a
+        want = a @ a
         torch.backends.cuda.matmul.allow_tf32 = True
         try:
-            a @ a
+            with pytest.warns(UserWarning, match="computes them in full float32"):
+                got = a @ a
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
         plain, tf32 = _kernels(emu, "aten::mm")
+        assert torch.equal(got.cpu(), want.cpu())
+        a = a.cpu()
     assert tf32.duration_ns < plain.duration_ns / 4
+    with course.emulate(gpus=1), warnings.catch_warnings():
+        warnings.simplefilter("error")  # cuDNN's TF32 is on by default: no warning for every convolution
+        torch.nn.functional.conv2d(torch.randn(1, 3, 8, 8).cuda(), torch.randn(4, 3, 3, 3).cuda())
+    with course.emulate(gpus=1, gpu="V100"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                a.cuda() @ a.cuda()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def test_peer_copies_wait_for_the_source_and_use_the_link():
@@ -163,6 +182,27 @@ def test_memory_counts_live_and_peak_and_gives_memory_back():
         small = torch.empty(1, device="cuda:1")
         assert torch.cuda.memory_allocated(1) == 512  # rounded like the caching allocator
         del small
+
+
+def test_storage_resize_frees_and_takes_back_gpu_memory():
+    """`untyped_storage().resize_(0)` (how FSDP and ZeRO-3 free a parameter's memory and keep the tensor) gave the
+    bytes back to nothing: memory_allocated stayed where a GPU's drops. Now it drops, comes back with resize_(n),
+    and the tensor and its views still work; what dies after is counted once."""
+    with course.emulate(gpus=1):
+        buf = torch.zeros(2**16, device="cuda")
+        view = buf[:10]
+        nbytes = buf.untyped_storage().nbytes()
+        assert torch.cuda.memory_allocated() == nbytes
+        buf.untyped_storage().resize_(0)
+        assert torch.cuda.memory_allocated() == 0 and buf.untyped_storage().nbytes() == 0
+        buf.untyped_storage().resize_(nbytes)
+        assert torch.cuda.memory_allocated() == nbytes
+        buf.fill_(2.0)
+        assert view.sum().item() == 20.0
+        buf._typed_storage()._resize_(0)  # FSDP1's _free_storage
+        assert torch.cuda.memory_allocated() == 0
+        del buf, view
+        assert torch.cuda.memory_allocated() == 0 and torch.cuda.memory_stats()["active.all.current"] == 0
 
 
 def test_out_of_memory_is_raised_before_the_cpu_allocates():

@@ -168,6 +168,20 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         nn.Linear(2, 2).to("cuda:1")(a)
 
 
+def test_integer_matrix_products_raise_cudas_error(emu):
+    """cuBLAS has no integer GEMM: CUDA PyTorch dispatches mm/addmm/bmm/baddbmm for floating and complex dtypes only,
+    where the CPU computes an integer product. The emulator gave a number a GPU never gives; now CUDA's error."""
+    a = torch.ones(2, 2, dtype=torch.long)
+    for call, name in [(lambda t: t @ t, "addmm_cuda"), (lambda t: torch.einsum("bij,bjk->bik", t[None], t[None]),
+                                                         "baddbmm_cuda"), (lambda t: torch.addmm(t, t, t), "addmm_cuda")]:
+        with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'Long\''):
+            call(a.cuda())
+        assert call(a).tolist() == call(a).tolist()  # the host's kernels are untouched
+    with pytest.raises(RuntimeError, match="\"addmm_cuda\" not implemented for 'Bool'"):
+        a.bool().cuda() @ a.bool().cuda()
+    assert ((a.cuda().half() @ a.cuda().half()).cpu() == 2).all()
+
+
 def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     a = torch.ones(3, device="cuda:0")
     assert (a * torch.tensor(2.0)).device.index == 0

@@ -803,3 +803,35 @@ def test_torchscript_of_gpu_modules_runs_and_saves_their_values(emu, tmp_path):
     on_gpu = torch.jit.load(tmp_path / "traced.pt", map_location="cuda:1")
     assert {p.device for p in list(on_gpu.parameters()) + list(on_gpu.buffers())} == {torch.device("cuda:1")}
     torch.testing.assert_close(on_gpu(x.to("cuda:1")).cpu(), want)
+
+def test_jit_trace_of_a_gpu_convolution_records_it(emu, tmp_path):
+    """PyTorch's tracer records a convolution as `aten::_convolution`, never `convolution`: traced on emulated
+    GPUs, a conv net failed ("data is not allocated yet") as its output was missing from the trace. Now the trace
+    holds the convolution, runs on new inputs with eager's numbers and gradients, and saves."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 2, 1, stride=2)).cuda().eval()
+    traced = torch.jit.trace(model, torch.randn(2, 3, 8, 8).cuda())
+    assert [n.kind() for n in traced.inlined_graph.nodes()].count("aten::_convolution") == 2
+    x = torch.randn(1, 3, 6, 6).cuda().requires_grad_()
+    out = traced(x)
+    torch.testing.assert_close(out.cpu(), model(x).cpu())
+    out.sum().backward()
+    cpu_x = x.detach().cpu().requires_grad_()
+    model.cpu()(cpu_x).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), cpu_x.grad)
+    torch.jit.save(traced, tmp_path / "conv.pt")
+    torch.testing.assert_close(torch.jit.load(tmp_path / "conv.pt", map_location="cpu")(cpu_x.detach()),
+                               out.detach().cpu())
+
+
+def test_torch_gc_helper_of_chat_demos_runs(emu):
+    """`torch_gc()` as chat-model web demos write it: empty_cache then ipc_collect (which raised "not modelled")
+    inside `torch.cuda.device`; the memory of live tensors stays counted, that of freed ones is gone."""
+    keep = torch.ones(1024, device="cuda:1")
+    drop = torch.ones(2048, device="cuda:1")
+    del drop
+    with torch.cuda.device("cuda:1"):
+        torch.cuda.empty_cache()
+        torch.cuda.ipc_collect()
+    assert torch.cuda.memory_allocated(1) == keep.numel() * 4 and torch.cuda.memory_reserved(1) == 4096

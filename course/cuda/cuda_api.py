@@ -19,6 +19,7 @@ from course.cuda import cuda_bindings, graphs, rng, sharing, sync_debug, torchsc
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
+from course.machine import topology
 from course.machine.memory import DeviceMemory
 
 
@@ -266,6 +267,22 @@ def current_device() -> int:
     return _emu().current_device()
 
 
+def can_device_access_peer(device, peer_device) -> bool:
+    """`torch.cuda.can_device_access_peer`: what the peer copies are costed by. Without a machine preset every pair
+    copies directly over the link; in a preset, the pairs a switch or NVLink bricks join do, and the others stage
+    their copies through host memory (topology.reads_host_memory). A GPU is never its own peer (CUDA answers 0)."""
+    emu = _emu()
+    device = torch.cuda._utils._get_device_index(device, optional=True)
+    peer_device = torch.cuda._utils._get_device_index(peer_device)
+    if not 0 <= device < emu.num_gpus:
+        raise AssertionError("Invalid device id")
+    if not 0 <= peer_device < emu.num_gpus:
+        raise AssertionError("Invalid peer device id")
+    if device == peer_device:
+        return False
+    return emu.machine is None or not topology.reads_host_memory(emu.machine, device, peer_device)
+
+
 def set_device(device) -> None:
     _emu().set_current_device(_index(device))
 
@@ -333,6 +350,12 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return total - memory_allocated(device), total
 
 
+def ipc_collect() -> None:
+    """`torch.cuda.ipc_collect`: frees what CUDA IPC left cached for tensors other processes stopped using. Nothing
+    is cached here (a GPU tensor reaches another process as host memory, course/cuda/sharing.py): nothing to free,
+    as after `empty_cache`, which the `torch_gc()` helpers of chat-model demos call just before it."""
+
+
 def _lazy_init() -> None:
     """Where torch.cuda's own functions start; any that get here are not modelled, and are named."""
     raise not_modelled(cuda_bindings.caller_in_torch(),
@@ -365,10 +388,15 @@ LEGACY_TENSOR_TYPES = {
 }
 
 
-def _raw_allocator(name):
-    def refuse(*args, **kwargs):
-        raise not_modelled(f"torch.cuda.{name}", "there is no device memory to hand out; allocate tensors instead")
-    return refuse
+def caching_allocator_alloc(size: int, device=None, stream=None) -> int:
+    """`torch.cuda.caching_allocator_alloc`: `size` bytes counted on the emulated GPU until
+    `caching_allocator_delete`, at the address `memory_snapshot()` shows. Nothing is there to read or write: a
+    program that hands the address to its own CUDA kernels has none to run here."""
+    return _memory().allocate_raw(_index(device), size)
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    _memory().free_raw(mem_ptr)
 
 
 class ExternalStream:
@@ -377,6 +405,14 @@ class ExternalStream:
     def __new__(cls, *args, **kwargs):
         raise not_modelled("torch.cuda.ExternalStream (a stream made outside PyTorch)",
                            "no other library makes CUDA streams here; use torch.cuda.Stream")
+
+
+class MemPool:
+    """`torch.cuda.MemPool`: a private pool of the caching allocator (for NCCL buffers or a custom allocator)."""
+
+    def __new__(cls, *args, **kwargs):
+        raise not_modelled("torch.cuda.MemPool (a private memory pool)",
+                           "allocate without it: the emulated GPU's memory counts are the same in any pool")
 
 
 def _external_stream(*args, **kwargs):
@@ -503,6 +539,8 @@ PATCHES = {
     "device_of": device_of,
     "init": lambda: None,
     "get_allocator_backend": lambda: "native",
+    "can_device_access_peer": can_device_access_peer,
+    "ipc_collect": ipc_collect,
     "memory_allocated": memory_allocated,
     "max_memory_allocated": max_memory_allocated,
     "memory_reserved": memory_allocated,
@@ -516,11 +554,12 @@ PATCHES = {
     "CUDAGraph": graphs.CUDAGraph,
     "graph_pool_handle": graphs.graph_pool_handle,
     "ExternalStream": ExternalStream,
+    "MemPool": MemPool,
     "get_stream_from_external": _external_stream,
     "_set_rng_state_offset": _philox_offset("_set_rng_state_offset"),
     "_get_rng_state_offset": _philox_offset("_get_rng_state_offset"),
-    "caching_allocator_alloc": _raw_allocator("caching_allocator_alloc"),
-    "caching_allocator_delete": _raw_allocator("caching_allocator_delete"),
+    "caching_allocator_alloc": caching_allocator_alloc,
+    "caching_allocator_delete": caching_allocator_delete,
     **LEGACY_TENSOR_TYPES,
 }
 

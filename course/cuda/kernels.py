@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 
 import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import cuda_only_ops, determinism, graphs, sync_debug
+from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, sync_debug
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -44,7 +45,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel")
+                 "python_cuda_kernel", "blas_name")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -60,20 +61,24 @@ class _OpInfo:
                           or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
-        self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
+        self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten._convolution,
+                                              torch.ops.aten.convolution_backward)
         # These write their first argument without reading it: it is not memory traffic in.
         self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
         # What runs it: the C++ operator itself (an OpOverload's __call__ only forwards to it), or a CUDA-only op
         # written with CPU ops.
         self.kernel = cuda_only_ops.KERNELS.get(func) or func._op
-        # Ops that may leave the kernel path: a copy between devices, a read of a value by the host.
-        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default, _LAYOUT)
+        # Ops that may leave the kernel path: a copy between devices, a read of a value by the host, a convolution
+        # being traced, a compressed sparse tensor's layout.
+        self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default,
+                                torch.ops.aten.convolution.default, _LAYOUT)
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
         self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
                                 or func is torch.ops.aten.index.Tensor)
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
+        self.blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)  # a matrix product: floats only
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
@@ -283,11 +288,15 @@ def run_kernel(emu, func, args, kwargs):
             return read_scalar(args[0])
         if func is _LAYOUT:  # asked only of compressed sparse tensors (devices.COMPRESSED_PARTS)
             return args[0]._inner.layout
+        if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:
+            return _traced_convolution(emu, args)
     if info.sizes_from_data and emu.sync_debug_mode and device not in (None, CPU) and \
             sync_debug.is_data_dependent(func, args):
         sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
+    if info.blas_name is not None and device is not None and device != CPU:
+        blas_dtypes.check(info.blas_name, un_args)
     try:
         out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:
@@ -451,6 +460,23 @@ def _channels_last_like_cudnn(out, args):
     return type(out)(fix(o) for o in out) if isinstance(out, (tuple, list)) else fix(out)
 
 
+def _traced_convolution(emu, args):
+    """`convolution` under torch.jit.trace. PyTorch's tracer does not record `convolution` itself but the
+    `_convolution` its kernel calls, and an emulated tensor's kernel runs below the tracer (which sees none of its
+    ops): the trace failed, or held the result as a constant. So `_convolution` runs, and is recorded here as the
+    tracer records it on a GPU."""
+    cudnn = torch.backends.cudnn
+    args = tuple(args) + (cudnn.benchmark, cudnn.deterministic or _deterministic(), cudnn.enabled, cudnn.allow_tf32)
+    out = run_kernel(emu, torch.ops.aten._convolution.default, args, {})
+    graph = torch._C._get_tracing_state().graph()
+    node = graph.create("aten::_convolution", [
+        torch._C._get_value_trace(v) if isinstance(v, torch.Tensor) else graph.insertConstant(v) for v in args], 1)
+    graph.insertNode(node)
+    node.output().inferTypeFrom(out)
+    torch._C._set_value_trace(out, node.output())
+    return out
+
+
 def _crosses_devices(tensors) -> bool:
     devices = {t._device_index if isinstance(t, EmulatedTensor) else CPU for t in tensors[:2]}
     return len(devices) > 1
@@ -507,7 +533,19 @@ def _charge_kernel(emu, func, info, device, args, kwargs, out, nbytes, dtype, in
     key = (flops, nbytes, dtype, info.tensor_cores, allow_tf32, gemm, info.cudnn, channels_last)
     duration = emu.kernel_ns_cache.get(key)
     if duration is None:
+        if allow_tf32 and not info.cudnn and emu.gpu.peak_tflops["tf32"] > emu.gpu.peak_tflops["fp32"]:
+            _note_tf32_not_applied()
         duration = emu.kernel_ns_cache[key] = costs.kernel_ns(emu.gpu, flops, nbytes, dtype, info.tensor_cores,
                                                               allow_tf32, gemm, info.cudnn, channels_last)
     return emu.clock.launch("kernel", info.name, device, emu.current_stream_id(device), duration, inputs_ready_ns,
                             (), flops, nbytes)
+
+
+def _note_tf32_not_applied():
+    """TF32 is timed, not applied: the numbers stay the CPU's full float32, where a GPU with TF32 tensor cores
+    rounds the inputs to 10 mantissa bits (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "TF32"). Said for
+    matmuls, where a program asked for TF32, and not for convolutions, where cuDNN allows it by default (the README
+    says so); Python shows it once (one warning location)."""
+    warnings.warn("TF32 is allowed (torch.backends.cuda.matmul.allow_tf32 or set_float32_matmul_precision): the GPU "
+                  "emulator times float32 matmuls at the TF32 tensor-core rate but computes them in full float32, as "
+                  "the CPU does; a GPU's TF32 results differ from these by up to about 1e-3 relative.", stacklevel=2)

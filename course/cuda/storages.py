@@ -20,6 +20,7 @@ _untyped_storage = torch.Tensor.untyped_storage
 _tensor_typed_storage = torch.Tensor._typed_storage
 _storage_device = torch._C.StorageBase.device
 _storage_is_shared = torch._C.StorageBase.is_shared
+_storage_resize = torch._C.StorageBase.resize_
 _typed_storage_removal_warning = torch.storage._warn_typed_storage_removal
 
 
@@ -80,5 +81,15 @@ def _clone(storage):
     return copy
 
 
-PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone, "is_shared": _is_shared}),
+def _resize(storage, nbytes):
+    """`storage.resize_(n)`: for a GPU's, its memory counts n bytes from now on (FSDP frees parameters this way)."""
+    _storage_resize(storage, nbytes)
+    block = getattr(storage, "_course_shown_on", None)
+    if block is not None:
+        current_emulator("storage.resize_").memory.resize(block, nbytes)
+    return storage
+
+
+PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone, "is_shared": _is_shared,
+                                   "resize_": _resize}),
            (torch.Tensor, {"_typed_storage": _typed_storage})]

@@ -53,6 +53,17 @@ class Block:
         self.memory.free(self)
 
 
+class _CountedElsewhere:
+    """The memory of a block whose counts another block took over (DeviceMemory.resize): its death frees nothing."""
+
+    @staticmethod
+    def free(block: Block) -> None:
+        return None
+
+
+_COUNTED_ELSEWHERE = _CountedElsewhere()
+
+
 class _Pool:
     """One pool's counts (blocks, bytes, bytes requested), updated in place on every allocation and free.
 
@@ -113,6 +124,7 @@ class DeviceMemory:
         self._stats = [_DeviceStats() for _ in range(num_gpus)]
         self._live: dict[int, tuple] = {}  # id(block) -> (device, address, nbytes, requested), for snapshots
         self._next_address = [_ADDRESS_BASE + device * 2**40 for device in range(num_gpus)]
+        self._raw: dict[int, Block] = {}  # address -> block, for torch.cuda.caching_allocator_alloc / _delete
         self._lock = threading.RLock()
         # Told of every allocation and free, `observer(action, device, address, nbytes)` with action "alloc" or
         # "free", while torch.cuda.memory._record_memory_history records (course/cuda/memory_history.py).
@@ -186,6 +198,18 @@ class DeviceMemory:
             self.observer("alloc", device, address, rounded)
         return block
 
+    def resize(self, block: Block, nbytes: int) -> None:
+        """`storage.resize_(nbytes)` of a GPU storage (FSDP and ZeRO-3 free a parameter's memory with resize_(0) and
+        take it back later): the block now counts `nbytes`, as if freed and allocated again."""
+        if block.requested == nbytes:
+            return
+        fresh = self.allocate(block.device, nbytes)  # first, so that a resize that does not fit changes nothing
+        self.free(block)
+        with self._lock:
+            self._live[id(block)] = self._live.pop(id(fresh))
+        block.nbytes, block.requested = fresh.nbytes, fresh.requested
+        fresh.memory = _COUNTED_ELSEWHERE
+
     def free(self, block: Block) -> None:
         rounded = block.nbytes
         with self._lock:
@@ -196,6 +220,21 @@ class DeviceMemory:
             live = self._live.pop(id(block), None)
         if self.observer is not None and live is not None:
             self.observer("free", live[0], live[1], rounded)
+
+    def allocate_raw(self, device: int, nbytes: int) -> int:
+        """`torch.cuda.caching_allocator_alloc`: a block held until `free_raw` of the address it returns."""
+        block = self.allocate(device, nbytes)
+        with self._lock:
+            address = self._live[id(block)][1]
+            self._raw[address] = block
+        return address
+
+    def free_raw(self, address: int) -> None:
+        """`torch.cuda.caching_allocator_delete`: an address not from `allocate_raw` is refused as CUDA does."""
+        with self._lock:
+            if address not in self._raw:
+                raise RuntimeError(f"invalid device pointer: {hex(address)}")
+            del self._raw[address]
 
     def reset_peak(self, device: int) -> None:
         with self._lock:

@@ -1,0 +1,33 @@
+"""The dtypes CUDA's matrix products have kernels for: floating and complex ones only.
+
+CUDA PyTorch dispatches `mm`/`addmm` and `bmm`/`baddbmm` with AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES_AND2(Half,
+BFloat16) (aten/src/ATen/native/cuda/Blas.cpp: cuBLAS has no integer GEMM, pytorch/pytorch#44428), so an integer,
+bool or float8 product raises there, where the CPU, whose kernels the emulator runs, computes it. The emulator
+raises PyTorch's CUDA error instead, so a program that works here works on a GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+# The name each op's CUDA dispatch gives in its error.
+DISPATCH_NAMES = {
+    torch.ops.aten.mm: "addmm_cuda",
+    torch.ops.aten.addmm: "addmm_cuda",
+    torch.ops.aten.bmm: "baddbmm_cuda",
+    torch.ops.aten.baddbmm: "baddbmm_cuda",
+}
+
+_SUPPORTED = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+                        torch.complex128})
+
+# c10's names for the scalar types (c10/core/ScalarType.h), as the dispatch error prints them.
+_C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+              torch.bool: "Bool"}
+
+
+def check(name: str, args) -> None:
+    """Raise CUDA's error if the op's first tensor argument has a dtype its CUDA kernel does not dispatch."""
+    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+    if dtype not in _SUPPORTED:
+        c10_name = _C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
+        raise NotImplementedError(f'"{name}" not implemented for \'{c10_name}\'')
