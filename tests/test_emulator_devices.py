@@ -249,8 +249,8 @@ def test_steps_aside_when_torch_sees_real_gpus(monkeypatch):
 
 
 def test_unsupported_torch_cuda_calls_name_the_emulator(emu):
-    with pytest.raises(RuntimeError, match="torch.cuda.ipc_collect is not modelled by the GPU emulator"):
-        torch.cuda.ipc_collect()
+    with pytest.raises(RuntimeError, match="torch.cuda.cudart is not modelled by the GPU emulator"):
+        torch.cuda.cudart()
 
 
 def test_seed_000_sharded_matmul_runs_unchanged():
