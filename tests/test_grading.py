@@ -121,7 +121,9 @@ attempt("dns", lambda: socket.getaddrinfo("pypi.org", 443))
         "correct": S(),
         "untouched": student_nb,
         "partly_wrong": S(answers={"effective_bandwidth_gbps": WRONG["effective_bandwidth_gbps"]}),
-        "infinite_loop": S(extra={"distributed_model_forward": "\nwhile True:\n    pass\n"}),
+        # a cell that never ends; it sleeps rather than spins, so that the 30 s it waits for its timeout leave the
+        # CPU to the tests running beside it
+        "infinite_loop": S(extra={"distributed_model_forward": "\nimport time\nwhile True:\n    time.sleep(0.5)\n"}),
         "os_exit": S(extra={"move_batch": "\nimport os\nos._exit(1)\n"}),
         "segfault": S(extra={"effective_bandwidth_gbps": "\nimport ctypes\nctypes.string_at(0)\n"}),
         # hits the sandbox's memory limit and fails with MemoryError, but gives the memory back first: the later

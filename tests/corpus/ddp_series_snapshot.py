@@ -83,8 +83,7 @@ class Trainer:
         return losses
 
 
-def main(rank, world_size, max_epochs, snapshot_path, port, out_path):
-    ddp_setup(rank, world_size, port)
+def train_run(rank, max_epochs, snapshot_path, out_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -94,20 +93,26 @@ def main(rank, world_size, max_epochs, snapshot_path, port, out_path):
     if rank == 0:
         weights = torch.cat([p.detach().flatten().cpu() for p in trainer.model.module.parameters()])
         torch.save({"losses": losses, "weights": weights}, out_path)
+
+
+def main(rank, world_size, runs, port):
+    """Each run is (max_epochs, snapshot_path, out_path): a fresh Trainer, resuming if its snapshot exists."""
+    ddp_setup(rank, world_size, port)
+    for max_epochs, snapshot_path, out_path in runs:
+        train_run(rank, max_epochs, snapshot_path, out_path)
     destroy_process_group()
 
 
 if __name__ == "__main__":
     world_size = 2
     with tempfile.TemporaryDirectory() as tmp:
-        snap, out = os.path.join(tmp, "snapshot.pt"), os.path.join(tmp, "out.pt")
-        mp.spawn(main, args=(world_size, 2, snap, "12365", out), nprocs=world_size)
-        first = torch.load(out)
-        mp.spawn(main, args=(world_size, 4, snap, "12366", out), nprocs=world_size)
-        resumed = torch.load(out)
-        straight = os.path.join(tmp, "straight.pt")
-        mp.spawn(main, args=(world_size, 4, straight, "12367", out), nprocs=world_size)
-        uninterrupted = torch.load(out)
+        snap, straight = os.path.join(tmp, "snapshot.pt"), os.path.join(tmp, "straight.pt")
+        first_out, resumed_out, straight_out = (os.path.join(tmp, f"{n}.pt") for n in ("first", "resumed", "straight_out"))
+        # The job "crashes" after 2 epochs (the same processes then train 4 epochs uninterrupted, from scratch);
+        # a new job resumes from the snapshot.
+        mp.spawn(main, args=(world_size, [(2, snap, first_out), (4, straight, straight_out)], "12365"), nprocs=world_size)
+        mp.spawn(main, args=(world_size, [(4, snap, resumed_out)], "12366"), nprocs=world_size)
+        first, resumed, uninterrupted = (torch.load(p) for p in (first_out, resumed_out, straight_out))
     print("RESULT " + json.dumps({
         "losses": first["losses"] + resumed["losses"],
         "uninterrupted_losses": uninterrupted["losses"],

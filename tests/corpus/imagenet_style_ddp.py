@@ -55,7 +55,7 @@ def main_worker(gpu, ngpus, checkpoint_dir):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     train_set = dataset()
     sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True, seed=1)
-    loader = torch.utils.data.DataLoader(train_set, batch_size=BATCH, sampler=sampler, num_workers=2, persistent_workers=True,
+    loader = torch.utils.data.DataLoader(train_set, batch_size=BATCH, sampler=sampler, num_workers=1, persistent_workers=True,
                                          pin_memory=use_cuda)
     device = torch.device("cuda", gpu) if use_cuda else torch.device("cpu")
     history = []
