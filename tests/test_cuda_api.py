@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -897,9 +899,8 @@ def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
 def test_is_built_answers_true_to_the_program_and_the_cpu_builds_false_to_torchs_own_modules():
     """Scripts pick their device with `torch.cuda.is_available() and torch.backends.cuda.is_built()` (or the deprecated
     `torch.has_cuda`): while emulating, the GPU, as on a CUDA build. PyTorch's own callers go on to CUDA-only C++
-    bindings, so they keep the CPU build's answer: the test harness's BLAS reset runs without calling them."""
-    from torch.testing._internal.common_utils import setBlasBackendsToDefaultFinally
-
+    bindings, so they keep the CPU build's answer: the test harness's BLAS reset runs without calling them (in a
+    child process: importing the harness freezes torch.backends' flags for the rest of the process)."""
     def pick():
         return "cuda" if torch.cuda.is_available() and torch.backends.cuda.is_built() else "cpu"
 
@@ -909,12 +910,17 @@ def test_is_built_answers_true_to_the_program_and_the_cpu_builds_false_to_torchs
         assert torch.backends.cuda.is_built() is True and pick() == "cuda"
         with pytest.warns(UserWarning, match=deprecated):
             assert torch.has_cuda is True
-        ran = []
-        setBlasBackendsToDefaultFinally(lambda: ran.append(torch.backends.cuda.is_built()))()
-        assert ran == [True]
     assert torch.backends.cuda.is_built() is False and pick() == "cpu"
     with pytest.warns(UserWarning, match=deprecated):
         assert torch.has_cuda is False
+    harness = ("import torch, course\n"
+               "from torch.testing._internal.common_utils import setBlasBackendsToDefaultFinally\n"
+               "with course.emulate(gpus=1):\n"
+               "    ran = []\n"
+               "    setBlasBackendsToDefaultFinally(lambda: ran.append(torch.backends.cuda.is_built()))()\n"
+               "print(ran)\n")
+    child = subprocess.run([sys.executable, "-c", harness], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0 and child.stdout.strip() == "[True]", child.stdout + child.stderr
 
 
 @pytest.mark.parametrize("gpu", sorted(course.GPUS))
