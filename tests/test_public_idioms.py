@@ -277,20 +277,69 @@ def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
 
 
-def test_nested_tensors_on_a_gpu_are_refused_by_name(emu):
-    """torch.nested on emulated GPUs failed with PyTorch's internal errors ("NestedTensorImpl doesn't support sizes",
-    a device mismatch, "'NestedIntNode' object has no attribute 'add'"): one error that names it instead."""
+def test_strided_nested_tensors_on_a_gpu_are_refused_by_name(emu):
+    """Strided-layout nested tensors are C++ tensors (NestedTensorImpl) the emulator cannot hold: PyTorch's internal
+    errors there ("NestedTensorImpl doesn't support sizes", a device mismatch) became one error that names it."""
     a, b = torch.randn(2, 3), torch.randn(4, 3)
     makers = [lambda: torch.nested.nested_tensor([a.cuda(), b.cuda()]),
               lambda: torch.nested.nested_tensor([a, b], device="cuda"),
-              lambda: torch.nested.as_nested_tensor([a.cuda(), b.cuda()], layout=torch.jagged),
-              lambda: torch.nested.nested_tensor([a, b]).cuda(),
-              lambda: torch.nested.nested_tensor([a, b], layout=torch.jagged).to("cuda:1")]
+              lambda: torch.nested.nested_tensor([a, b]).cuda()]
     for make in makers:
-        with pytest.raises(RuntimeError, match="A nested tensor on an emulated GPU is not modelled"):
+        with pytest.raises(RuntimeError, match="A strided-layout nested tensor on an emulated GPU is not modelled"):
             make()
     on_host = torch.nested.nested_tensor([a, b])
     assert on_host.to_padded_tensor(0.0).cuda().shape == (2, 4, 3)
+
+
+def _jagged_attention_step(device):
+    """A variable-length attention step on jagged tensors, as recent attention code writes it; its output, the
+    gradients of its weight and of its input, and the jagged tensors it made along the way."""
+    torch.manual_seed(0)
+    seqs = [torch.randn(n, 8) for n in (3, 5, 2)]
+    w = torch.randn(8, 8).to(device).requires_grad_()
+    leaf = torch.nested.nested_tensor([s.to(device) for s in seqs], layout=torch.jagged, device=device,
+                                      requires_grad=True)
+    q = torch.nn.functional.linear(leaf, w).unflatten(-1, (2, 4)).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2)
+    out = out.softmax(-1) * torch.nested.nested_tensor_from_jagged(torch.cat(seqs).to(device), out.offsets())
+    padded = torch.nested.to_padded_tensor(out, 0.0)
+    (padded ** 2).sum().backward()
+    return padded, w.grad, leaf.grad, [leaf, q, out], out.unbind()
+
+
+def test_jagged_nested_tensors_run_on_emulated_gpus_with_cpu_values(emu):
+    """A jagged nested tensor is a Python tensor over ordinary tensors (values, offsets), so on emulated GPUs its ops
+    are emulated kernels: the same numbers and gradients as CPU torch, `cuda` devices, and a timeline."""
+    expected = _jagged_attention_step("cpu")
+    before = len(emu.trace)
+    got = _jagged_attention_step("cuda:1")
+    assert len(emu.trace) > before + 10  # linear, attention, softmax, padding, backward: kernels on the timeline
+    for nt in got[3]:
+        assert nt.is_nested and nt.layout is torch.jagged and nt.is_cuda and nt.device == torch.device("cuda", 1)
+        assert nt.values().device == nt.offsets().device == torch.device("cuda", 1)
+    assert got[0].device == got[1].device == torch.device("cuda", 1) and got[2].is_cuda
+    torch.testing.assert_close(got[0].cpu(), expected[0])
+    torch.testing.assert_close(got[1].cpu(), expected[1])
+    torch.testing.assert_close(got[2].cpu().values(), expected[2].values())
+    assert [p.shape for p in got[4]] == [p.shape for p in expected[4]] and all(p.is_cuda for p in got[4])
+    back = got[3][2].cpu()
+    assert not back.is_cuda and back.device == torch.device("cpu")
+    torch.testing.assert_close(back.values(), expected[3][2].values())
+    with pytest.raises(RuntimeError, match="same device|Expected all tensors"):
+        got[3][2] + got[3][2].to("cuda:0")
+
+
+def test_causal_jagged_attention_is_causal_within_each_sequence_as_on_a_gpu(emu):
+    """CPU torch has no causal jagged SDPA (its math path refuses it); a GPU's memory-efficient kernel masks each
+    sequence from its top-left (torch/nested/_internal/sdpa.py passes custom_mask_type=int(is_causal)): the same
+    numbers as dense causal attention over each sequence alone."""
+    torch.manual_seed(0)
+    seqs = [torch.randn(2, n, 4) for n in (3, 5, 2)]  # (heads, length, dim)
+    nt = torch.nested.nested_tensor([s.transpose(0, 1) for s in seqs], layout=torch.jagged).to("cuda").transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(nt, nt, nt, is_causal=True)
+    for got, s in zip(out.unbind(), seqs):
+        expected = torch.nn.functional.scaled_dot_product_attention(s, s, s, is_causal=True)
+        torch.testing.assert_close(got.cpu(), expected)
 
 
 def test_fake_tensors_of_gpu_tensors_are_refused_by_name_not_an_abort(emu):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, graphs, rng, sharing, sync_debug, torchscript, wall_clock
+from course.cuda import cuda_bindings, graphs, nested_jagged, rng, sharing, sync_debug, torchscript, wall_clock
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -499,10 +499,14 @@ DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
 
 
 def _host_only_nested(make):
-    """torch.nested's constructors given a GPU device or GPU tensors: refused, naming it (transfers.py)."""
+    """torch.nested's constructors of strided-layout nested tensors given a GPU device or GPU tensors: refused,
+    naming it (transfers.py). Jagged ones are Python tensors over ordinary ones, and run (nested_jagged.py)."""
 
     @functools.wraps(make)
     def refusing(*args, **kwargs):
+        if make.__name__ == "nested_tensor_from_jagged" or any(
+                a is torch.jagged for a in (*args, kwargs.get("layout"))):
+            return make(*args, **kwargs)
         device = kwargs.get("device")
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
         if (device is not None and torch.device(device).type == "cuda") or any(
@@ -620,8 +624,8 @@ DEVICE_BINDINGS = {
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
     torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
-    torch.nested's constructors, TorchScript's save and load."""
+    torch.nested's constructors and jagged tensors' wrapper, TorchScript's save and load."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
             + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
             + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES
-            + torchscript.patches())
+            + nested_jagged.PATCHES + torchscript.patches())
