@@ -11,11 +11,10 @@ import contextlib
 import functools
 import threading
 import warnings
-from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, graphs, nested_jagged, rng, sharing, sync_debug, torchscript, wall_clock
+from course.cuda import cuda_bindings, device_properties, graphs, nested_jagged, rng, sharing, sync_debug, torchscript, wall_clock
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -56,22 +55,6 @@ def comm_hook_on(device_index: int):
 
 
 _CUDA = 1  # c10::DeviceType::CUDA, for torch.Stream
-
-
-@dataclass(frozen=True)
-class DeviceProperties:
-    """What `torch.cuda.get_device_properties` returns, filled from the GPU preset."""
-
-    name: str
-    major: int
-    minor: int
-    total_memory: int
-    multi_processor_count: int
-
-    def __repr__(self):
-        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
-                f"total_memory={self.total_memory // 2**20}MB, "
-                f"multi_processor_count={self.multi_processor_count})")
 
 
 class Stream(torch._C.Stream):
@@ -287,10 +270,8 @@ def set_device(device) -> None:
     _emu().set_current_device(_index(device))
 
 
-def get_device_properties(device=None) -> DeviceProperties:
-    _index(device)
-    gpu = _emu().gpu
-    return DeviceProperties(gpu.name, *gpu.compute_capability, gpu.memory_bytes, gpu.multi_processor_count)
+def get_device_properties(device=None) -> device_properties.DeviceProperties:
+    return device_properties.of(_emu().gpu, _index(device))
 
 
 def get_device_name(device=None) -> str:
