@@ -329,6 +329,20 @@ def test_jagged_nested_tensors_run_on_emulated_gpus_with_cpu_values(emu):
         got[3][2] + got[3][2].to("cuda:0")
 
 
+def test_a_host_jagged_tensor_moved_and_cast_on_a_gpu_sends_its_gradient_home(emu):
+    """`.to("cuda")` and a dtype change of a jagged tensor, as NJT's own `_to_copy` does them (values, offsets and
+    lengths each moved, the ragged size kept): the copies are timed, and the gradient goes back to the host leaf."""
+    leaf = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged,
+                                      requires_grad=True)
+    before = len(emu.trace)
+    moved = leaf.to("cuda:1").to(torch.float64)
+    assert [e.kind for e in emu.trace[before:]].count("copy") >= 2  # values and offsets cross the host link
+    assert moved.is_cuda and moved.dtype == torch.float64 and moved.shape == leaf.shape  # the same ragged size
+    (torch.nested.to_padded_tensor(moved, 0.0) * 3).sum().backward()
+    assert leaf.grad.device == torch.device("cpu") and leaf.grad.dtype == torch.float32
+    torch.testing.assert_close(leaf.grad.values(), torch.full((6, 3), 3.0))
+
+
 def test_causal_jagged_attention_is_causal_within_each_sequence_as_on_a_gpu(emu):
     """CPU torch has no causal jagged SDPA (its math path refuses it); a GPU's memory-efficient kernel masks each
     sequence from its top-left (torch/nested/_internal/sdpa.py passes custom_mask_type=int(is_causal)): the same

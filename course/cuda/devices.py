@@ -194,6 +194,12 @@ class EmulatedTensor(torch.Tensor):
             return super().tolist()
         return hooks.torch_function(torch.Tensor.tolist, (self,), {})
 
+    def to(self, *args, **kwargs):
+        """`.to()`, also where torch functions are off: a jagged tensor's `_to_copy` moves its offsets so."""
+        if torch._C._is_torch_function_enabled():
+            return super().to(*args, **kwargs)
+        return hooks.torch_function(torch.Tensor.to, (self, *args), kwargs)
+
     def __format__(self, spec: str) -> str:
         """`f"{loss:.2f}"` formats a 0-dim tensor's value (a copy to the host, as `.item()`), like CUDA tensors."""
         if self.dim() == 0 and spec:

@@ -10,7 +10,7 @@ Strided-layout nested tensors are C++ tensors (NestedTensorImpl) and stay refuse
 from __future__ import annotations
 
 import torch
-from torch.nested._internal.nested_tensor import NestedTensor, _tensor_symint_registry
+from torch.nested._internal.nested_tensor import NestedTensor, _tensor_symint_registry, get_tensor_symint
 
 from course.cuda.devices import EmulatedTensor
 
@@ -24,8 +24,11 @@ def _host_side(tensor):
 
 def _wrapper_on_host(cls, values, offsets, *, lengths=None, **kwargs):
     """`NestedTensor.__new__` given the inner host tensors: the same wrapper, on the host. `__init__` still keeps
-    the emulated values, offsets and lengths. The nested int of the ragged size is memoised on the inner offsets
-    (or lengths), which an emulated tensor keeps for life, so tensors sharing offsets share their ragged size."""
+    the emulated values, offsets and lengths. The nested int of the ragged size is memoised on the emulated offsets
+    (or lengths), as PyTorch's own ops look it up (`_to_copy`), and on their inner tensor, which `__new__` sees."""
+    ragged_source = offsets if lengths is None else lengths
+    if isinstance(ragged_source, EmulatedTensor):
+        _tensor_symint_registry[ragged_source._inner] = get_tensor_symint(ragged_source, coeff=1)
     return _new(cls, _host_side(values), _host_side(offsets), lengths=_host_side(lengths), **kwargs)
 
 
@@ -47,7 +50,7 @@ def _moved(nt: NestedTensor, dst: int, non_blocking: bool, move_part) -> NestedT
     offsets = move_part(nt._offsets, dst, non_blocking)
     lengths = None if nt._lengths is None else move_part(nt._lengths, dst, non_blocking)
     source, target = (nt._offsets, offsets) if lengths is None else (nt._lengths, lengths)
-    _tensor_symint_registry[_host_side(target)] = _tensor_symint_registry[_host_side(source)]
+    _tensor_symint_registry[target] = get_tensor_symint(source, coeff=1)
     return NestedTensor(values, offsets, lengths=lengths, _ragged_idx=nt._ragged_idx,
                         _metadata_cache=dict(nt._metadata_cache))
 
