@@ -14,7 +14,8 @@ import warnings
 
 import torch
 
-from course.cuda import cuda_bindings, device_properties, graphs, nested_jagged, rng, sharing, sync_debug, torchscript, wall_clock
+from course.cuda import (cuda_bindings, device_properties, graphs, nested_jagged, rng, sharing, sync_debug, torchscript,
+                         wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
