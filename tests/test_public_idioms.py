@@ -1,4 +1,5 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
+import copy
 import queue
 import threading
 import warnings
@@ -267,10 +268,60 @@ def test_python_functions_that_make_tensors_on_their_inputs_device():
         torch.testing.assert_close(mine, theirs)
 
 
-def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
-    model, x = nn.Linear(2, 2).to("cuda"), torch.ones(1, 2, device="cuda")
-    with pytest.raises(RuntimeError, match="torch.export.export of a model or inputs on emulated GPUs"):
-        torch.export.export(model, (x,))
+class _ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+class _NamesItsDevice(nn.Module):
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def forward(self, x):
+        return x + self.make(x)
+
+
+def test_export_of_a_gpu_model_gives_the_host_graph_and_runs_on_the_gpu(emu):
+    """torch.export of a model on an emulated GPU is traced on its host twin (a fake GPU tensor would abort a CPU
+    build): the graph CPU torch exports, the model's own emulated parameters in the program, and `ep.module()(x)`
+    running on the GPU with eager's numbers. A forward that names a device or asks one, CUDA autocast, or a model
+    spread over devices would give a graph other than a GPU's: refused, naming it."""
+    torch.manual_seed(0)
+    host_model, host_x = _ConvNet().eval(), torch.randn(2, 3, 8, 8)
+    model, x = copy.deepcopy(host_model).to("cuda:1"), host_x.to("cuda:1")
+    program = torch.export.export(model, (x,))
+    host_program = torch.export.export(host_model, (host_x,))
+    assert [(n.op, n.target) for n in program.graph.nodes] == [(n.op, n.target) for n in host_program.graph.nodes]
+    assert program.state_dict["conv.weight"] is model.conv.weight and program.example_inputs[0][0] is x
+    before = len(emu.trace)
+    out = program.module()(x)
+    assert out.device == torch.device("cuda", 1) and len(emu.trace) > before
+    torch.testing.assert_close(out.cpu(), host_program.module()(host_x))
+    torch.testing.assert_close(out, model(x))
+    makers = [lambda t: torch.arange(t.shape[-1], device=t.device), lambda t: torch.ones(1).cuda(),
+              lambda t: torch.ones(1, device="cuda:1")]
+    for make in makers:
+        with pytest.raises(RuntimeError, match="torch.export.export of a model whose forward (names|asks) a"):
+            torch.export.export(_NamesItsDevice(make), (x,))
+    for asks in (lambda t: t * 2 if t.is_cuda else t, lambda t: t * 2 if t.device.type == "cuda" else t):
+        with pytest.raises(RuntimeError, match="a model whose forward asks a tensor's device"):
+            torch.export.export(_NamesItsDevice(asks), (x,))  # the twin would take the host's branch
+    with torch.autocast("cuda", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="under CUDA autocast"):
+        torch.export.export(model, (x,))  # it casts GPU tensors only
+    with pytest.raises(RuntimeError, match=r"spread over \['cuda:0', 'cuda:1'\]"):
+        torch.export.export(_ConvNet().to("cuda:0"), (x,))
+    with pytest.raises(RuntimeError, match="A fake tensor .* of a tensor on an emulated GPU"):
+        program.run_decompositions()  # it re-traces from the GPU parameters
+    assert torch.export.export(host_model, (host_x,)).module()(host_x).device == torch.device("cpu")
+
+
+def test_dlpack_of_gpu_tensors_is_refused_by_name(emu):
+    x = torch.ones(1, 2, device="cuda")
     for export in (torch.utils.dlpack.to_dlpack, torch.from_dlpack, lambda t: t.__dlpack__()):
         with pytest.raises(RuntimeError, match="DLPack export of a tensor on an emulated GPU"):
             export(x)

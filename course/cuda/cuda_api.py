@@ -14,8 +14,8 @@ import warnings
 
 import torch
 
-from course.cuda import (cuda_bindings, device_properties, graphs, nested_jagged, rng, sharing, sync_debug, torchscript,
-                         wall_clock)
+from course.cuda import (cuda_bindings, device_properties, exporting, graphs, nested_jagged, rng, sharing, sync_debug,
+                         torchscript, wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -433,20 +433,6 @@ def compile(model=None, **options):  # noqa: A001 - named as torch.compile
     return model
 
 
-_export = torch.export.export
-
-
-def export(mod, args=(), kwargs=None, **options):
-    """`torch.export.export` while emulating: refused, naming it, for a model or inputs on emulated GPUs (tracing
-    them would abort the whole process: a CPU build has no CUDA device guard); PyTorch's own otherwise."""
-    state = list(mod.parameters()) + list(mod.buffers()) if isinstance(mod, torch.nn.Module) else []
-    leaves = torch.utils._pytree.tree_leaves((args, kwargs, state))
-    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
-        raise not_modelled("torch.export.export of a model or inputs on emulated GPUs",
-                           "export the model on the CPU (its graph is the same), or run it eagerly")
-    return _export(mod, args, kwargs, **options)
-
-
 _fake_from_real = torch._subclasses.fake_tensor.FakeTensorConverter.from_real_tensor
 
 
@@ -608,6 +594,6 @@ def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
     torch.nested's constructors and jagged tensors' wrapper, TorchScript's save and load."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
-            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
+            + rng.patches(num_gpus) + [(torch.export, {"export": exporting.export})] + DLPACK_PATCHES
             + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES
             + nested_jagged.PATCHES + torchscript.patches())
