@@ -226,6 +226,40 @@ def test_device_api_reports_the_preset():
         assert torch.cuda.get_device_capability() == preset.compute_capability
 
 
+def _stub_fields(class_name: str) -> set[str]:
+    """The fields torch's own type stub (torch/_C/__init__.pyi) gives a C++ class; a CPU build does not bind it."""
+    import ast
+    from pathlib import Path
+    tree = ast.parse((Path(torch.__file__).parent / "_C" / "__init__.pyi").read_text())
+    stub = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    return {n.target.id for n in stub.body if isinstance(n, ast.AnnAssign)}
+
+
+@pytest.mark.parametrize("preset", list(hardware.GPUS))
+def test_device_properties_have_every_field_of_pytorchs(preset):
+    """torch 2.13's _CudaDeviceProperties fields, and those torch's Python reads beyond its stub (the profiler's
+    trace export: max_threads_per_block, regs_per_multiprocessor; inductor: shared_memory_per_block_optin), each
+    from the preset: the memory clock and bus width give the datasheet bandwidth by CUDA's formula, the SM clock
+    the FP32 peak; a UUID that is stable across emulators and distinct per GPU."""
+    gpu = hardware.gpu(preset)
+    with course.emulate(gpus=2, gpu=preset):
+        props, other = torch.cuda.get_device_properties(1), torch.cuda.get_device_properties(0)
+    with course.emulate(gpus=2, gpu=preset):
+        again = torch.cuda.get_device_properties("cuda:1")
+    fields = _stub_fields("_CudaDeviceProperties") | {"max_threads_per_block", "regs_per_multiprocessor",
+                                                      "shared_memory_per_block_optin"}
+    assert all(getattr(props, name) is not None for name in fields)
+    assert 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8 == pytest.approx(
+        gpu.memory_bandwidth_gbps * 1e9, rel=1e-5)
+    lanes = hardware.FP32_LANES_PER_SM[gpu.compute_capability]
+    assert 2 * lanes * props.multi_processor_count * props.clock_rate * 1e3 == pytest.approx(
+        gpu.peak_tflops["fp32"] * 1e12, rel=1e-5)
+    assert props.warp_size == 32 and props.L2_cache_size > 2**20 and props.gcnArchName == gpu.name
+    assert props.shared_memory_per_block < props.shared_memory_per_block_optin <= props.shared_memory_per_multiprocessor
+    assert str(props.uuid) == str(again.uuid) != str(other.uuid) and len(props.uuid.bytes) == 16
+    assert f"uuid={props.uuid}" in repr(props)
+
+
 def _workload():
     torch.manual_seed(0)
     a = torch.randn(512, 512, device="cuda:0", requires_grad=True)

@@ -182,6 +182,27 @@ def test_integer_matrix_products_raise_cudas_error(emu):
     assert ((a.cuda().half() @ a.cuda().half()).cpu() == 2).all()
 
 
+def test_integer_vector_products_raise_cudas_error(emu):
+    """CUDA's dot (which a real vdot calls) and addmv (which mv runs on) dispatch floating and complex dtypes only,
+    as its matrix products do (aten/src/ATen/native/cuda/Blas.cpp); addmv returns zeros for an empty matrix before
+    its dispatch. The emulator computed integer ones; now CUDA's errors, and the same numbers for floats."""
+    v, m = torch.arange(3), torch.arange(6).reshape(2, 3)
+    calls = [(lambda v, m: v @ v, "dot"), (lambda v, m: torch.dot(v, v), "dot"), (lambda v, m: torch.vdot(v, v), "dot"),
+             (lambda v, m: m @ v, "addmv_impl_cuda"), (lambda v, m: m.mv(v), "addmv_impl_cuda"),
+             (lambda v, m: torch.addmv(m[:, 0], m, v), "addmv_impl_cuda")]
+    for call, name in calls:
+        for dtype, c10_name in [(torch.long, "Long"), (torch.int32, "Int"), (torch.bool, "Bool")]:
+            with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'{c10_name}\''):
+                call(v.to(dtype).cuda(), m.to(dtype).cuda())
+        assert call(v, m).tolist() == call(v.double(), m.double()).long().tolist()  # the host computes them still
+        floats = call(v.double().cuda(1), m.double().cuda(1))
+        assert floats.device == torch.device("cuda", 1)
+        torch.testing.assert_close(floats.cpu(), call(v.double(), m.double()))
+    empty = torch.zeros(0, 3, dtype=torch.long).cuda()
+    assert empty.mv(v.cuda()).shape == (0,) and torch.addmv(torch.zeros(0, dtype=torch.long).cuda(), empty,
+                                                            v.cuda()).shape == (0,)
+
+
 def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     a = torch.ones(3, device="cuda:0")
     assert (a * torch.tensor(2.0)).device.index == 0

@@ -1,4 +1,5 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
+import copy
 import queue
 import threading
 import warnings
@@ -267,30 +268,143 @@ def test_python_functions_that_make_tensors_on_their_inputs_device():
         torch.testing.assert_close(mine, theirs)
 
 
-def test_export_and_dlpack_of_gpu_tensors_are_refused_by_name(emu):
-    model, x = nn.Linear(2, 2).to("cuda"), torch.ones(1, 2, device="cuda")
-    with pytest.raises(RuntimeError, match="torch.export.export of a model or inputs on emulated GPUs"):
-        torch.export.export(model, (x,))
+class _ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+class _NamesItsDevice(nn.Module):
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def forward(self, x):
+        return x + self.make(x)
+
+
+def test_export_of_a_gpu_model_gives_the_host_graph_and_runs_on_the_gpu(emu):
+    """torch.export of a model on an emulated GPU is traced on its host twin (a fake GPU tensor would abort a CPU
+    build): the graph CPU torch exports, the model's own emulated parameters in the program, and `ep.module()(x)`
+    running on the GPU with eager's numbers. A forward that names a device or asks one, CUDA autocast, or a model
+    spread over devices would give a graph other than a GPU's: refused, naming it."""
+    torch.manual_seed(0)
+    host_model, host_x = _ConvNet().eval(), torch.randn(2, 3, 8, 8)
+    model, x = copy.deepcopy(host_model).to("cuda:1"), host_x.to("cuda:1")
+    program = torch.export.export(model, (x,))
+    host_program = torch.export.export(host_model, (host_x,))
+    assert [(n.op, n.target) for n in program.graph.nodes] == [(n.op, n.target) for n in host_program.graph.nodes]
+    assert program.state_dict["conv.weight"] is model.conv.weight and program.example_inputs[0][0] is x
+    before = len(emu.trace)
+    out = program.module()(x)
+    assert out.device == torch.device("cuda", 1) and len(emu.trace) > before
+    torch.testing.assert_close(out.cpu(), host_program.module()(host_x))
+    torch.testing.assert_close(out, model(x))
+    makers = [lambda t: torch.arange(t.shape[-1], device=t.device), lambda t: torch.ones(1).cuda(),
+              lambda t: torch.ones(1, device="cuda:1")]
+    for make in makers:
+        with pytest.raises(RuntimeError, match="torch.export.export of a model whose forward (names|asks) a"):
+            torch.export.export(_NamesItsDevice(make), (x,))
+    for asks in (lambda t: t * 2 if t.is_cuda else t, lambda t: t * 2 if t.device.type == "cuda" else t):
+        with pytest.raises(RuntimeError, match="a model whose forward asks a tensor's device"):
+            torch.export.export(_NamesItsDevice(asks), (x,))  # the twin would take the host's branch
+    with torch.autocast("cuda", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="under CUDA autocast"):
+        torch.export.export(model, (x,))  # it casts GPU tensors only
+    with pytest.raises(RuntimeError, match=r"spread over \['cuda:0', 'cuda:1'\]"):
+        torch.export.export(_ConvNet().to("cuda:0"), (x,))
+    with pytest.raises(RuntimeError, match="A fake tensor .* of a tensor on an emulated GPU"):
+        program.run_decompositions()  # it re-traces from the GPU parameters
+    assert torch.export.export(host_model, (host_x,)).module()(host_x).device == torch.device("cpu")
+
+
+def test_dlpack_of_gpu_tensors_is_refused_by_name(emu):
+    x = torch.ones(1, 2, device="cuda")
     for export in (torch.utils.dlpack.to_dlpack, torch.from_dlpack, lambda t: t.__dlpack__()):
         with pytest.raises(RuntimeError, match="DLPack export of a tensor on an emulated GPU"):
             export(x)
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
 
 
-def test_nested_tensors_on_a_gpu_are_refused_by_name(emu):
-    """torch.nested on emulated GPUs failed with PyTorch's internal errors ("NestedTensorImpl doesn't support sizes",
-    a device mismatch, "'NestedIntNode' object has no attribute 'add'"): one error that names it instead."""
+def test_strided_nested_tensors_on_a_gpu_are_refused_by_name(emu):
+    """Strided-layout nested tensors are C++ tensors (NestedTensorImpl) the emulator cannot hold: PyTorch's internal
+    errors there ("NestedTensorImpl doesn't support sizes", a device mismatch) became one error that names it."""
     a, b = torch.randn(2, 3), torch.randn(4, 3)
     makers = [lambda: torch.nested.nested_tensor([a.cuda(), b.cuda()]),
               lambda: torch.nested.nested_tensor([a, b], device="cuda"),
-              lambda: torch.nested.as_nested_tensor([a.cuda(), b.cuda()], layout=torch.jagged),
-              lambda: torch.nested.nested_tensor([a, b]).cuda(),
-              lambda: torch.nested.nested_tensor([a, b], layout=torch.jagged).to("cuda:1")]
+              lambda: torch.nested.nested_tensor([a, b]).cuda()]
     for make in makers:
-        with pytest.raises(RuntimeError, match="A nested tensor on an emulated GPU is not modelled"):
+        with pytest.raises(RuntimeError, match="A strided-layout nested tensor on an emulated GPU is not modelled"):
             make()
     on_host = torch.nested.nested_tensor([a, b])
     assert on_host.to_padded_tensor(0.0).cuda().shape == (2, 4, 3)
+
+
+def _jagged_attention_step(device):
+    """A variable-length attention step on jagged tensors, as recent attention code writes it; its output, the
+    gradients of its weight and of its input, and the jagged tensors it made along the way."""
+    torch.manual_seed(0)
+    seqs = [torch.randn(n, 8) for n in (3, 5, 2)]
+    w = torch.randn(8, 8).to(device).requires_grad_()
+    leaf = torch.nested.nested_tensor([s.to(device) for s in seqs], layout=torch.jagged, device=device,
+                                      requires_grad=True)
+    q = torch.nn.functional.linear(leaf, w).unflatten(-1, (2, 4)).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2)
+    out = out.softmax(-1) * torch.nested.nested_tensor_from_jagged(torch.cat(seqs).to(device), out.offsets())
+    padded = torch.nested.to_padded_tensor(out, 0.0)
+    (padded ** 2).sum().backward()
+    return padded, w.grad, leaf.grad, [leaf, q, out], out.unbind()
+
+
+def test_jagged_nested_tensors_run_on_emulated_gpus_with_cpu_values(emu):
+    """A jagged nested tensor is a Python tensor over ordinary tensors (values, offsets), so on emulated GPUs its ops
+    are emulated kernels: the same numbers and gradients as CPU torch, `cuda` devices, and a timeline."""
+    expected = _jagged_attention_step("cpu")
+    before = len(emu.trace)
+    got = _jagged_attention_step("cuda:1")
+    assert len(emu.trace) > before + 10  # linear, attention, softmax, padding, backward: kernels on the timeline
+    for nt in got[3]:
+        assert nt.is_nested and nt.layout is torch.jagged and nt.is_cuda and nt.device == torch.device("cuda", 1)
+        assert nt.values().device == nt.offsets().device == torch.device("cuda", 1)
+    assert got[0].device == got[1].device == torch.device("cuda", 1) and got[2].is_cuda
+    torch.testing.assert_close(got[0].cpu(), expected[0])
+    torch.testing.assert_close(got[1].cpu(), expected[1])
+    torch.testing.assert_close(got[2].cpu().values(), expected[2].values())
+    assert [p.shape for p in got[4]] == [p.shape for p in expected[4]] and all(p.is_cuda for p in got[4])
+    back = got[3][2].cpu()
+    assert not back.is_cuda and back.device == torch.device("cpu")
+    torch.testing.assert_close(back.values(), expected[3][2].values())
+    with pytest.raises(RuntimeError, match="same device|Expected all tensors"):
+        got[3][2] + got[3][2].to("cuda:0")
+
+
+def test_a_host_jagged_tensor_moved_and_cast_on_a_gpu_sends_its_gradient_home(emu):
+    """`.to("cuda")` and a dtype change of a jagged tensor, as NJT's own `_to_copy` does them (values, offsets and
+    lengths each moved, the ragged size kept): the copies are timed, and the gradient goes back to the host leaf."""
+    leaf = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged,
+                                      requires_grad=True)
+    before = len(emu.trace)
+    moved = leaf.to("cuda:1").to(torch.float64)
+    assert [e.kind for e in emu.trace[before:]].count("copy") >= 2  # values and offsets cross the host link
+    assert moved.is_cuda and moved.dtype == torch.float64 and moved.shape == leaf.shape  # the same ragged size
+    (torch.nested.to_padded_tensor(moved, 0.0) * 3).sum().backward()
+    assert leaf.grad.device == torch.device("cpu") and leaf.grad.dtype == torch.float32
+    torch.testing.assert_close(leaf.grad.values(), torch.full((6, 3), 3.0))
+
+
+def test_causal_jagged_attention_is_causal_within_each_sequence_as_on_a_gpu(emu):
+    """CPU torch has no causal jagged SDPA (its math path refuses it); a GPU's memory-efficient kernel masks each
+    sequence from its top-left (torch/nested/_internal/sdpa.py passes custom_mask_type=int(is_causal)): the same
+    numbers as dense causal attention over each sequence alone."""
+    torch.manual_seed(0)
+    seqs = [torch.randn(2, n, 4) for n in (3, 5, 2)]  # (heads, length, dim)
+    nt = torch.nested.nested_tensor([s.transpose(0, 1) for s in seqs], layout=torch.jagged).to("cuda").transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(nt, nt, nt, is_causal=True)
+    for got, s in zip(out.unbind(), seqs):
+        expected = torch.nn.functional.scaled_dot_product_attention(s, s, s, is_causal=True)
+        torch.testing.assert_close(got.cpu(), expected)
 
 
 def test_fake_tensors_of_gpu_tensors_are_refused_by_name_not_an_abort(emu):

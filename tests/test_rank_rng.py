@@ -1,5 +1,8 @@
 """Each rank thread owns its random-number state, as each rank process does (course/cuda/rank_rng.py)."""
+import random
 import threading
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -87,3 +90,35 @@ def test_outside_rank_threads_nothing_changes():
     with course.emulate(gpus=2):
         run_threads(lambda rank, world_size: dist.get_rank(), 2)
         assert torch.cuda.default_generators == (torch.default_generator,) * 2
+
+
+def seeded_host_draws(rank, world_size):
+    """What a data pipeline's rank draws from Python's `random` and NumPy's global state after seeding them per rank
+    (augmentations, shuffles, sampling), interleaved with the other ranks' draws by the collectives between them."""
+    random.seed(100 + rank)
+    np.random.seed(200 + rank)
+    drawn = []
+    for _ in range(4):
+        dist.all_reduce(torch.zeros(1))  # the ranks take turns drawing in whatever order the threads run
+        order = list(range(6))
+        random.shuffle(order)
+        state = np.random.get_state()
+        first = np.random.rand(2).tolist()
+        np.random.set_state(state)
+        drawn.append([random.random(), random.randint(0, 99), random.choice("abcdef"), order,
+                      first, np.random.rand(2).tolist(), np.random.permutation(5).tolist(),
+                      np.random.randint(0, 9, size=3).tolist(), float(np.random.normal())])
+    return drawn
+
+
+def test_seeded_python_and_numpy_draws_are_per_rank_as_in_rank_processes():
+    process_states = random.getstate(), np.random.get_state()[1].tolist()
+    module_functions = random.random, np.random.rand
+    with course.emulate(gpus=2):
+        runs = [run_threads(seeded_host_draws, 2) for _ in range(5)]
+        as_processes = run_processes(seeded_host_draws, 2)
+    assert all(run == runs[0] for run in runs[1:])
+    assert runs[0][0] != runs[0][1]  # each rank its own seed
+    assert runs[0] == as_processes
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == process_states  # the process's left alone
+    assert (random.random, np.random.rand) == module_functions  # put back when the ranks ended

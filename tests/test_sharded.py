@@ -287,16 +287,24 @@ def test_dcp_async_save_finds_a_cpu_backend_and_stages_gpu_tensors_to_the_host()
         torch.testing.assert_close(staged["view"], want[:, 1:])
 
 
+def _snapshot_bytes() -> int:
+    return sum(segment["total_size"] for segment in torch.cuda.memory_snapshot())
+
+
 def test_fsdp2_free_and_alloc_storage_give_memory_back_and_take_it_again():
     with course.emulate(gpus=1):
         t = torch.empty(1 << 20, device="cuda")
         view = t[:10]
-        before = torch.cuda.memory_allocated()
+        before, blocks = torch.cuda.memory_allocated(), torch.cuda.memory_stats()["active.all.current"]
         fsdp2.free_storage(t)
         assert t._inner.untyped_storage().size() == 0
         assert torch.cuda.memory_allocated() == before - (4 << 20)
+        assert _snapshot_bytes() == torch.cuda.memory_allocated()  # no stale segment of the freed storage
+        assert torch.cuda.memory_stats()["active.all.current"] == blocks - 1
         fsdp2.alloc_storage(t)
         assert torch.cuda.memory_allocated() == before
+        assert _snapshot_bytes() == before and (4 << 20) in [s["total_size"] for s in torch.cuda.memory_snapshot()]
+        assert torch.cuda.memory_stats()["active.all.current"] == blocks
         view.fill_(2.0)  # the view sees the re-grown storage
         assert t[:10].sum().item() == 20.0
         plain = torch.empty(4)

@@ -12,6 +12,7 @@ import torch
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
 from torch._higher_order_ops.flex_attention import flex_attention_backward as flex_attention_backward_hop
 from torch._higher_order_ops.flex_attention import sdpa_dense, sdpa_dense_backward
+from torch.nested._internal.nested_tensor import NestedTensor, nested_view_from_values_offsets_lengths
 
 from course.cuda import autocast
 from course.cuda.cuda_bindings import not_modelled
@@ -33,9 +34,40 @@ def _on_emulated_gpu(*tensors) -> bool:
 
 def scaled_dot_product_attention(*args, **kwargs):
     """`F.scaled_dot_product_attention` on the emulator. Its tensor calls name no device, so they need none of the
-    emulator's routing: they skip its torch-function layer (a Python call each, in every attention layer's call)."""
+    emulator's routing: they skip its torch-function layer (a Python call each, in every attention layer's call).
+    A jagged nested query keeps it: its own torch function is its SDPA (torch/nested/_internal/sdpa.py)."""
+    if isinstance(args[0] if args else kwargs.get("query"), NestedTensor):
+        return _jagged_attention(*args, **kwargs)
     with torch._C.DisableTorchFunctionSubclass():
         return _scaled_dot_product_attention(*args, **kwargs)
+
+
+def _jagged_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False):
+    """SDPA over jagged (B, H, j, D) tensors on emulated GPUs, one sequence at a time, with each sequence's output
+    packed back under the query's offsets as PyTorch's jagged SDPA returns it (torch/nested/_internal/sdpa.py).
+
+    A GPU runs the memory-efficient kernel over the packed sequences (cumulative offsets); a CPU build takes the math
+    path through strided-layout nested tensors, which are C++ tensors the emulator cannot hold. Per-sequence
+    attention is that math, so the values are the same; it is timed as one fused kernel per sequence, not one in all.
+    Masks, dropout, grouped-query heads and sequences with holes (`lengths`) take PyTorch's path (and its error on
+    an emulated GPU)."""
+    plain = torch.nn.functional.scaled_dot_product_attention
+    jagged = (query, key, value)
+    if not (all(isinstance(t, NestedTensor) and t._lengths is None and t._ragged_idx == 2 for t in jagged)
+            and _on_emulated_gpu(*(t._values for t in jagged)) and query.dim() == 4 and attn_mask is None
+            and dropout_p == 0 and not enable_gqa):
+        return plain(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                     enable_gqa=enable_gqa)
+    packed = [t.transpose(1, 2).values() for t in jagged]  # (total length, H, D) each
+    bounds = [t.offsets().tolist() for t in jagged]  # read on the host, as the kernel's max length is
+    pieces = []
+    for i in range(len(bounds[0]) - 1):
+        q, k, v = (p[b[i]:b[i + 1]].transpose(0, 1).unsqueeze(0) for p, b in zip(packed, bounds))
+        pieces.append(plain(q, k, v, is_causal=is_causal, scale=scale)[0].transpose(0, 1))
+    return nested_view_from_values_offsets_lengths(
+        torch.cat(pieces), query.offsets(), None, min_seqlen=query._maybe_min_seqlen,
+        max_seqlen=query._maybe_max_seqlen).transpose(1, 2)
 
 
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -1,9 +1,11 @@
-"""The dtypes CUDA's matrix products have kernels for: floating and complex ones only.
+"""The dtypes CUDA's matrix and vector products have kernels for: floating and complex ones only.
 
-CUDA PyTorch dispatches `mm`/`addmm` and `bmm`/`baddbmm` with AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES_AND2(Half,
-BFloat16) (aten/src/ATen/native/cuda/Blas.cpp: cuBLAS has no integer GEMM, pytorch/pytorch#44428), so an integer,
-bool or float8 product raises there, where the CPU, whose kernels the emulator runs, computes it. The emulator
-raises PyTorch's CUDA error instead, so a program that works here works on a GPU.
+CUDA PyTorch dispatches `mm`/`addmm`, `bmm`/`baddbmm`, `addmv` (which `mv` and a matrix-vector `matmul` run on) and
+`dot` (which a real `vdot` and a vector-vector `matmul` run on) with AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES_AND2(Half,
+BFloat16) (aten/src/ATen/native/cuda/Blas.cpp: `addmm_out_cuda_impl`, `baddbmm_out_cuda_impl`, `addmv_out_cuda`,
+`dot_cuda`, `vdot_cuda`; cuBLAS has no integer GEMM or GEMV, pytorch/pytorch#44428), so an integer, bool or float8
+product raises there, where the CPU, whose kernels the emulator runs, computes it. The emulator raises PyTorch's CUDA
+error instead, so a program that works here works on a GPU.
 """
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ DISPATCH_NAMES = {
     torch.ops.aten.addmm: "addmm_cuda",
     torch.ops.aten.bmm: "baddbmm_cuda",
     torch.ops.aten.baddbmm: "baddbmm_cuda",
+    torch.ops.aten.addmv: "addmv_impl_cuda",
+    torch.ops.aten.mv: "addmv_impl_cuda",  # native_functions.yaml: mv is addmv_out(result, result, self, vec, 0, 1)
+    torch.ops.aten.dot: "dot",
+    torch.ops.aten.vdot: "dot",  # vdot_cuda calls dot_cuda for real dtypes; complex ones are supported
 }
 
 _SUPPORTED = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
@@ -26,8 +32,12 @@ _C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", tor
 
 
 def check(name: str, args) -> None:
-    """Raise CUDA's error if the op's first tensor argument has a dtype its CUDA kernel does not dispatch."""
-    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+    """Raise CUDA's error if the op's first tensor argument has a dtype its CUDA kernel does not dispatch.
+    `addmv_out_cuda` returns before its dispatch for an empty matrix (zeros, or beta * self)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name == "addmv_impl_cuda" and next(t for t in tensors if t.dim() == 2).numel() == 0:
+        return
+    dtype = tensors[0].dtype
     if dtype not in _SUPPORTED:
         c10_name = _C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
         raise NotImplementedError(f'"{name}" not implemented for \'{c10_name}\'')

@@ -11,11 +11,11 @@ import contextlib
 import functools
 import threading
 import warnings
-from dataclasses import dataclass
 
 import torch
 
-from course.cuda import cuda_bindings, graphs, rng, sharing, sync_debug, torchscript, wall_clock
+from course.cuda import (cuda_bindings, device_properties, exporting, graphs, nested_jagged, rng, sharing, sync_debug,
+                         torchscript, wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -56,22 +56,6 @@ def comm_hook_on(device_index: int):
 
 
 _CUDA = 1  # c10::DeviceType::CUDA, for torch.Stream
-
-
-@dataclass(frozen=True)
-class DeviceProperties:
-    """What `torch.cuda.get_device_properties` returns, filled from the GPU preset."""
-
-    name: str
-    major: int
-    minor: int
-    total_memory: int
-    multi_processor_count: int
-
-    def __repr__(self):
-        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
-                f"total_memory={self.total_memory // 2**20}MB, "
-                f"multi_processor_count={self.multi_processor_count})")
 
 
 class Stream(torch._C.Stream):
@@ -287,10 +271,8 @@ def set_device(device) -> None:
     _emu().set_current_device(_index(device))
 
 
-def get_device_properties(device=None) -> DeviceProperties:
-    _index(device)
-    gpu = _emu().gpu
-    return DeviceProperties(gpu.name, *gpu.compute_capability, gpu.memory_bytes, gpu.multi_processor_count)
+def get_device_properties(device=None) -> device_properties.DeviceProperties:
+    return device_properties.of(_emu().gpu, _index(device))
 
 
 def get_device_name(device=None) -> str:
@@ -451,20 +433,6 @@ def compile(model=None, **options):  # noqa: A001 - named as torch.compile
     return model
 
 
-_export = torch.export.export
-
-
-def export(mod, args=(), kwargs=None, **options):
-    """`torch.export.export` while emulating: refused, naming it, for a model or inputs on emulated GPUs (tracing
-    them would abort the whole process: a CPU build has no CUDA device guard); PyTorch's own otherwise."""
-    state = list(mod.parameters()) + list(mod.buffers()) if isinstance(mod, torch.nn.Module) else []
-    leaves = torch.utils._pytree.tree_leaves((args, kwargs, state))
-    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
-        raise not_modelled("torch.export.export of a model or inputs on emulated GPUs",
-                           "export the model on the CPU (its graph is the same), or run it eagerly")
-    return _export(mod, args, kwargs, **options)
-
-
 _fake_from_real = torch._subclasses.fake_tensor.FakeTensorConverter.from_real_tensor
 
 
@@ -499,10 +467,14 @@ DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
 
 
 def _host_only_nested(make):
-    """torch.nested's constructors given a GPU device or GPU tensors: refused, naming it (transfers.py)."""
+    """torch.nested's constructors of strided-layout nested tensors given a GPU device or GPU tensors: refused,
+    naming it (transfers.py). Jagged ones are Python tensors over ordinary ones, and run (nested_jagged.py)."""
 
     @functools.wraps(make)
     def refusing(*args, **kwargs):
+        if make.__name__ == "nested_tensor_from_jagged" or any(
+                a is torch.jagged for a in (*args, kwargs.get("layout"))):
+            return make(*args, **kwargs)
         device = kwargs.get("device")
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
         if (device is not None and torch.device(device).type == "cuda") or any(
@@ -620,8 +592,8 @@ DEVICE_BINDINGS = {
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
     torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
-    torch.nested's constructors, TorchScript's save and load."""
+    torch.nested's constructors and jagged tensors' wrapper, TorchScript's save and load."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
-            + rng.patches(num_gpus) + [(torch.export, {"export": export})] + DLPACK_PATCHES
+            + rng.patches(num_gpus) + [(torch.export, {"export": exporting.export})] + DLPACK_PATCHES
             + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES
-            + torchscript.patches())
+            + nested_jagged.PATCHES + torchscript.patches())

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.utils._foreach_utils
+from torch.nested._internal.nested_tensor import NestedTensor
 from torch.optim import optimizer as _optimizer
 
 from course.machine.memory import Block
@@ -187,6 +188,18 @@ class EmulatedTensor(torch.Tensor):
         with torch._C.DisableTorchFunction():
             return _format(self)
 
+    def tolist(self):
+        """`.tolist()`, also where torch functions are off: a jagged tensor's ops read its offsets so (unbind)."""
+        if torch._C._is_torch_function_enabled():
+            return super().tolist()
+        return hooks.torch_function(torch.Tensor.tolist, (self,), {})
+
+    def to(self, *args, **kwargs):
+        """`.to()`, also where torch functions are off: a jagged tensor's `_to_copy` moves its offsets so."""
+        if torch._C._is_torch_function_enabled():
+            return super().to(*args, **kwargs)
+        return hooks.torch_function(torch.Tensor.to, (self, *args), kwargs)
+
     def __format__(self, spec: str) -> str:
         """`f"{loss:.2f}"` formats a 0-dim tensor's value (a copy to the host, as `.item()`), like CUDA tensors."""
         if self.dim() == 0 and spec:
@@ -224,6 +237,8 @@ class EmulatedTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         __tracebackhide__ = True
+        if len(types) > 1 and NestedTensor in types:
+            return NotImplemented  # a jagged tensor's op (its view from values): its own dispatch unwraps it first
         emu = active if active is not None else current_emulator(str(func))
         try:
             return hooks.torch_dispatch(emu, func, args, kwargs or {})

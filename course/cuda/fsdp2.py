@@ -3,9 +3,9 @@
 After a block's forward and backward, FSDP2 frees the all-gathered (unsharded) parameters by resizing their
 storage to zero bytes, and grows it back before the next all-gather (torch/distributed/fsdp/_fully_shard/
 _fsdp_param.py, `free_storage` / `alloc_storage`). An emulated tensor's Python storage is a placeholder that
-cannot be resized, so these two do it on the CPU storage inside and give the bytes back to (or take them
-from) the emulated GPU's memory count, which is what makes FSDP's memory saving show in
-`torch.cuda.memory_allocated`.
+cannot be resized, so these two do it on the CPU storage inside and resize its block in the emulated GPU's memory
+(DeviceMemory.resize, as `storage.resize_` does), which is what makes FSDP's memory saving show in
+`torch.cuda.memory_allocated` and `torch.cuda.memory_snapshot()`.
 
 A DTensor is a wrapper made in C++ from its local tensor's C++ device, which for an emulated tensor is the CPU, so
 it would say `device(type='cpu')` where a GPU box says `cuda:0`, and `torch.optim`'s foreach test
@@ -16,11 +16,12 @@ tensor's device when that tensor is emulated.
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 
 import torch
 
-from course.cuda.devices import EmulatedTensor
+from course.cuda.devices import EmulatedTensor, current_emulator
 
 # Imported by every FSDP2 entry point; it imports _fsdp_param, the other module that calls the two.
 FSDP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
@@ -29,21 +30,10 @@ _INIT_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_init"
 
 
 def _fsdp_own(name: str):
-    """FSDP's own function (for tensors not on an emulated GPU): the module keeps it under another name."""
-    return getattr(sys.modules[_PARAM_MODULE], "_course_fsdp_" + name)
-
-
-def _recount(block, nbytes: int) -> None:
-    """Make `block` (shared by the tensor and all its views) count `nbytes` from now on: a block of the new
-    size is allocated (so the capacity check and peak apply), the two swap their counts, and the old count
-    goes when the spare block dies. Only `DeviceMemory.allocate` and the block's slots are used."""
-    spare = block.memory.allocate(block.device, nbytes, block.ready_ns)
-    for slot in type(block).__slots__:
-        if slot not in ("memory", "device", "ready_ns"):
-            kept = getattr(block, slot)
-            setattr(block, slot, getattr(spare, slot))
-            setattr(spare, slot, kept)
-    del spare
+    """FSDP's own function (for tensors not on an emulated GPU): the module keeps it under another name once
+    `patches` has replaced it, and under its own before."""
+    module = importlib.import_module(_PARAM_MODULE)
+    return getattr(module, "_course_fsdp_" + name, None) or getattr(module, name)
 
 
 def alloc_storage(tensor) -> None:
@@ -53,7 +43,7 @@ def alloc_storage(tensor) -> None:
     storage = tensor._inner.untyped_storage()
     if storage.size() != size:
         if tensor._block is not None:
-            _recount(tensor._block, size)
+            current_emulator("FSDP2 alloc_storage").memory.resize(tensor._block, size)
         storage.resize_(size)
 
 
@@ -64,7 +54,7 @@ def free_storage(tensor) -> None:
     if storage.size() != 0:
         storage.resize_(0)
         if tensor._block is not None:
-            _recount(tensor._block, 0)
+            current_emulator("FSDP2 free_storage").memory.resize(tensor._block, 0)
 
 
 DTENSOR_MODULE = "torch.distributed.tensor"

@@ -14,8 +14,9 @@ change from run to run. Here each rank thread owns a CPU generator that stands f
   `torch.cuda.default_generators` are a stand-in that acts on the calling rank's generator (the process's own in
   any other thread), so `torch.manual_seed`, `torch.cuda.manual_seed(_all)`, `get/set_rng_state`, `seed`,
   `initial_seed` and `fork_rng` act on the rank's state; passed as `generator=`, the stand-in or the process's own
-  default generator (`random_split`'s default) is the rank's too. Python's `random` and NumPy's global generator
-  are not torch's: they stay shared by all ranks.
+  default generator (`random_split`'s default) is the rank's too.
+- Python's `random` and NumPy's legacy global `numpy.random` functions: stand-ins that act on the rank's own
+  `random.Random` and `RandomState` while rank threads run (course/cuda/host_rngs.py).
 
 A rank thread starts from a copy of its starter's state, as a forked process does (`mp.Process` with Linux's
 default start method, `MultiProcessTestCase._fork_processes`): threads, like a fork, begin from their parent's
@@ -38,6 +39,8 @@ import types
 import torch
 import torch.random
 
+from course.cuda import host_rngs
+
 RealGenerator = torch._C.Generator  # PyTorch's own class (the emulator puts a wrapper at torch.Generator)
 KEY = "TESTING_ONLY_GenericMode"  # a mode key nothing in PyTorch uses outside its C++ tests
 THREADED_PG = "torch.testing._internal.distributed.multi_threaded_pg"
@@ -50,7 +53,7 @@ _world_lock = threading.Lock()
 
 
 def current() -> torch.Generator | None:
-    """The calling rank thread's generator; None outside rank threads."""
+    """The calling rank thread's torch generator; None outside rank threads."""
     return getattr(_local, "generator", None)
 
 
@@ -137,6 +140,9 @@ def _install_stand_ins() -> None:
         saved.append((torch.cuda, "default_generators", cuda_generators))
         torch.cuda.default_generators = (_stand_in,) * len(cuda_generators)
     torch.random.default_generator = torch.default_generator = _stand_in
+    for module, name, stand_in in host_rngs.stand_ins():
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, stand_in)
 
 
 def _remove_stand_ins() -> None:
@@ -145,17 +151,18 @@ def _remove_stand_ins() -> None:
     _world.saved.clear()
 
 
-def fork() -> torch.Generator:
-    """A new generator in the calling thread's current state (its rank's, else the process's): a rank's, to be."""
+def fork() -> types.SimpleNamespace:
+    """A rank's random state, to be: a torch generator, a `random.Random` and a NumPy `RandomState`, each in the
+    calling thread's current state (its rank's, else the process's)."""
     generator = RealGenerator()
     generator.set_state((current() or torch._C.default_generator).get_state())
-    return generator
+    return types.SimpleNamespace(torch=generator, host=host_rngs.fork())
 
 
 @contextlib.contextmanager
-def rank_thread(generator: torch.Generator):
-    """Run the body as a rank whose draws and seeding act on `generator`. In a thread that already is a rank (or
-    one of a rank's threads), this changes nothing."""
+def rank_thread(state: types.SimpleNamespace):
+    """Run the body as a rank whose draws and seeding act on `state` (from `fork`). In a thread that already is a
+    rank (or one of a rank's threads), this changes nothing."""
     if current() is not None:
         yield
         return
@@ -164,25 +171,27 @@ def rank_thread(generator: torch.Generator):
         if _world.ranks == 0:
             _install_stand_ins()
         _world.ranks += 1
-    _local.generator = generator
+    _local.generator, _local.state = state.torch, state
+    host_rngs.enter(state.host)
     torch._C._dispatch_tls_set_dispatch_key_included(KEY, True)
     try:
         yield
     finally:
         torch._C._dispatch_tls_set_dispatch_key_included(KEY, False)
-        _local.generator = None
+        host_rngs.leave()
+        _local.generator = _local.state = None
         with _world_lock:
             _world.ranks -= 1
             if _world.ranks == 0:
                 _remove_stand_ins()
 
 
-def for_new_thread() -> torch.Generator | None:
-    """The generator a thread being started now should run with: its starter's, if that is a rank; a fork of the
+def for_new_thread() -> types.SimpleNamespace | None:
+    """The random state a thread being started now should run with: its starter's, if that is a rank; a fork of the
     process's if PyTorch's threaded world is installed (the starter is starting ranks, as MultiThreadedTestCase
-    does); else None (an ordinary thread, on the process's generator)."""
+    does); else None (an ordinary thread, on the process's generators)."""
     if current() is not None:
-        return current()
+        return _local.state
     module = sys.modules.get(THREADED_PG)
     if module is not None and isinstance(torch.distributed.distributed_c10d._world, module.ThreadLocalWorld):
         return fork()

@@ -9,8 +9,9 @@ import math
 import weakref
 
 import torch
+from torch.nested._internal.nested_tensor import NestedTensor
 
-from course.cuda import devices, sync_debug
+from course.cuda import devices, nested_jagged, sync_debug
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name, wait_for, wrap
 from course.machine import costs, topology
@@ -36,7 +37,9 @@ def _forget(address: int) -> None:
 
 
 def device_of(tensor: torch.Tensor) -> int:
-    return tensor._device_index if isinstance(tensor, EmulatedTensor) else CPU
+    if isinstance(tensor, EmulatedTensor):
+        return tensor._device_index
+    return device_of(tensor._values) if isinstance(tensor, NestedTensor) else CPU  # a jagged tensor: its values'
 
 
 def _host_address(tensor: torch.Tensor) -> int | None:
@@ -196,16 +199,19 @@ class _Move(torch.autograd.Function):
 
 
 def nested_not_modelled() -> RuntimeError:
-    """The error for a nested tensor on an emulated GPU: PyTorch's C++ would fail on it with an internal error
-    ("NestedTensorImpl doesn't support sizes") or a device mismatch, which says nothing of the cause."""
-    return not_modelled("A nested tensor on an emulated GPU", "keep nested tensors on the CPU, or pad them "
-                        "(to_padded_tensor) before moving them to a GPU")
+    """The error for a strided-layout nested tensor on an emulated GPU: PyTorch's C++ would fail on it with an
+    internal error ("NestedTensorImpl doesn't support sizes") or a device mismatch, which says nothing of the cause.
+    Jagged ones are modelled (course/cuda/nested_jagged.py)."""
+    return not_modelled("A strided-layout nested tensor on an emulated GPU", "make it with layout=torch.jagged, "
+                        "keep it on the CPU, or pad it (to_padded_tensor) before moving it to a GPU")
 
 
 def move(tensor: torch.Tensor, dst: int, non_blocking: bool = False) -> torch.Tensor:
     """`tensor.to(device)`: the same tensor if it is already there, else a copy autograd can see through."""
     if device_of(tensor) == dst:
         return tensor
+    if isinstance(tensor, NestedTensor):
+        return nested_jagged.move(tensor, dst, non_blocking, _raw_move, device_of(tensor))
     if tensor.is_nested:
         raise nested_not_modelled()
     return _Move.apply(tensor, dst, non_blocking)

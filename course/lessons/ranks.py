@@ -97,7 +97,7 @@ def run_threads(fn, world_size: int, *args, timeout_s: float = 60, backend: str 
             seconds = pg_timeout_s[rank] if isinstance(pg_timeout_s, (list, tuple)) else pg_timeout_s or timeout_s
             dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                     timeout=datetime.timedelta(seconds=seconds))
-            with rank_rng.rank_thread(generators[rank]):  # its own generator, as a rank process has
+            with rank_rng.rank_thread(generators[rank]):  # its own generators (torch, random, NumPy), as a process has
                 results[rank] = fn(rank, world_size, *args)
         except SystemExit:  # woken out of a collective because another rank failed
             pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GiB = 2**30
+MiB = 2**20
 
 # ---- the host side of eager PyTorch (charged by course/machine/clock.py as the host issues work) ----
 # Every op that launches a kernel or a copy costs the host Python, the dispatcher and cudaLaunchKernel. The
@@ -144,6 +145,32 @@ CONV_NCHW_TRANSPOSE_PASSES = 1
 # Instructions" throughput table (https://docs.nvidia.com/cuda/cuda-c-programming-guide/#arithmetic-instructions),
 # row "32-bit floating-point add, multiply, multiply-add".
 FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 9): 128, (9, 0): 128}
+
+
+# What `torch.cuda.get_device_properties` reports of an SM, by compute capability: CUDA C++ Programming Guide,
+# "Technical Specifications per Compute Capability" table
+# (https://docs.nvidia.com/cuda/cuda-c-programming-guide/#features-and-technical-specifications-technical-specifications-per-compute-capability):
+# maximum resident threads per SM, 32-bit registers per SM, shared memory per SM, and the most one block may opt in
+# to (bytes). The same table gives every one of these a warp of 32 threads, at most 1,024 threads per block and
+# 48 KB of shared memory per block without opting in.
+SM_LIMITS = {(7, 0): (2048, 65536, 96 * 1024, 96 * 1024),
+             (7, 5): (1024, 65536, 64 * 1024, 64 * 1024),
+             (8, 0): (2048, 65536, 164 * 1024, 163 * 1024),
+             (8, 6): (1536, 65536, 100 * 1024, 99 * 1024),
+             (8, 9): (1536, 65536, 100 * 1024, 99 * 1024),
+             (9, 0): (2048, 65536, 228 * 1024, 227 * 1024)}
+WARP_SIZE, MAX_THREADS_PER_BLOCK, SHARED_MEMORY_PER_BLOCK = 32, 1024, 48 * 1024
+
+# L2 cache (bytes) and memory bus width (bits) of each preset's chip, from NVIDIA's architecture whitepapers:
+# V100 6,144 KB and 4,096-bit HBM2 (Volta whitepaper, cited at the V100 preset); A100 40 MB and 5,120-bit
+# (https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia-ampere-architecture-whitepaper.pdf);
+# H100 SXM5 50 MB and 5,120-bit, five of the full GH100's six HBM stacks, whose twelve 512-bit memory controllers
+# the H200 enables all of: 6,144-bit (Hopper whitepaper, cited at the H100 preset); RTX 4090 (AD102) 72 MB and
+# 384-bit, L4 (AD104) 48 MB and 192-bit (Ada whitepaper, cited at the RTX 4090 preset); T4 (TU104) 4,096 KB and
+# 256-bit (Turing whitepaper, cited at the T4 preset).
+CHIP_MEMORY = {"V100": (6 * MiB, 4096), "A100-40GB": (40 * MiB, 5120), "A100-80GB": (40 * MiB, 5120),
+               "H100": (50 * MiB, 5120), "H200": (50 * MiB, 6144), "RTX4090": (72 * MiB, 384),
+               "L4": (48 * MiB, 192), "T4": (4 * MiB, 256)}
 
 
 @dataclass(frozen=True)

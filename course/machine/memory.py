@@ -54,7 +54,8 @@ class Block:
 
 
 class _CountedElsewhere:
-    """The memory of a block whose counts another block took over (DeviceMemory.resize): its death frees nothing."""
+    """The memory of a block whose counts another block took over, or that holds none since a resize to zero bytes
+    (DeviceMemory.resize): its death frees nothing."""
 
     @staticmethod
     def free(block: Block) -> None:
@@ -200,14 +201,21 @@ class DeviceMemory:
 
     def resize(self, block: Block, nbytes: int) -> None:
         """`storage.resize_(nbytes)` of a GPU storage (FSDP and ZeRO-3 free a parameter's memory with resize_(0) and
-        take it back later): the block now counts `nbytes`, as if freed and allocated again."""
+        take it back later): the block now counts `nbytes`, as if freed and allocated again. Resized to zero bytes
+        it holds no memory, as the allocator frees it: no block in the counts or in `memory_snapshot()`."""
         if block.requested == nbytes:
             return
+        if nbytes == 0:
+            self.free(block)
+            block.nbytes = block.requested = 0
+            block.memory = _COUNTED_ELSEWHERE
+            return
         fresh = self.allocate(block.device, nbytes)  # first, so that a resize that does not fit changes nothing
-        self.free(block)
+        if block.memory is self:
+            self.free(block)
         with self._lock:
             self._live[id(block)] = self._live.pop(id(fresh))
-        block.nbytes, block.requested = fresh.nbytes, fresh.requested
+        block.nbytes, block.requested, block.memory = fresh.nbytes, fresh.requested, self
         fresh.memory = _COUNTED_ELSEWHERE
 
     def free(self, block: Block) -> None:
