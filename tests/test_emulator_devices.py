@@ -201,6 +201,50 @@ def test_invalid_device_ordinal(emu):
         torch.zeros(1).to("cuda:9")
 
 
+def test_cuda_visible_devices_hides_and_renumbers_gpus_as_cuda_does(monkeypatch):
+    """CUDA_VISIBLE_DEVICES, read at the first question about devices (so a program may set it after the emulator
+    started, before using CUDA), numbers the GPUs it names from 0; each process's own variable applies to the whole
+    machine, which is what worker processes are told; an empty list hides every GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    with course.emulate(gpus=4, force=True) as emu:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0,1")
+        assert (torch.cuda.device_count(), torch.cuda.is_available()) == (3, True)
+        assert torch.ones(1, device="cuda:2").device == torch.device("cuda", 2)
+        with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+            torch.ones(1, device="cuda:3")
+        assert emu._config()["gpus"] == 4
+    for value, count in [("0,7,1", 1), ("1,1", 0), ("", 0)]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert len(torch.cuda._parse_visible_devices()) >= count  # PyTorch's parser, before the machine's cut
+        with course.emulate(gpus=4, force=True):
+            assert (torch.cuda.device_count(), torch.cuda.is_available()) == (count, count > 0)
+
+
+def test_cuda_visible_devices_keeps_the_machines_topology(monkeypatch):
+    """On a machine preset the renumbered GPUs keep their own links: a pair that cannot reach each other directly
+    still cannot when CUDA_VISIBLE_DEVICES makes them cuda:0 and cuda:1, and their copy costs the same."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def copy_ms(src, dst):
+        x = torch.ones(1 << 20, device=f"cuda:{src}")
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        x.to(f"cuda:{dst}")
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    with course.emulate(machine="DGX-1V", force=True):
+        far = next((a, b) for a in range(8) for b in range(8) if a != b and not torch.cuda.can_device_access_peer(a, b))
+        far_ms, near_ms = copy_ms(*far), copy_ms(0, 1)
+    assert far_ms != near_ms
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{far[0]},{far[1]}")
+    with course.emulate(machine="DGX-1V", force=True):
+        assert torch.cuda.device_count() == 2 and not torch.cuda.can_device_access_peer(0, 1)
+        assert copy_ms(0, 1) == far_ms
+
+
 def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
     with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()"):
         torch.ones(2, device="cuda:0").numpy()
