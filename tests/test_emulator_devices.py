@@ -245,6 +245,35 @@ def test_cuda_visible_devices_keeps_the_machines_topology(monkeypatch):
         assert copy_ms(0, 1) == far_ms
 
 
+def test_python_subclasses_of_gpu_tensors_are_refused_by_name_and_wrappers_run(emu):
+    """Re-classing a GPU tensor as the program's own subclass names what is not modelled (the C++ error spoke of
+    EmulatedTensor); a host tensor's subclass and a wrapper subclass holding a GPU tensor run as on a GPU box."""
+    class Tagged(torch.Tensor):
+        pass
+
+    class Scaled(torch.Tensor):
+        @staticmethod
+        def __new__(cls, data, scale):
+            return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.float32, device=data.device)
+
+        def __init__(self, data, scale):
+            self.data_, self.scale = data, scale
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            unwrap = lambda t: t.data_.float() * t.scale if isinstance(t, Scaled) else t  # noqa: E731
+            return func(*torch.utils._pytree.tree_map(unwrap, args), **(kwargs or {}))
+
+    gpu = torch.ones(2, device="cuda")
+    for reclass in (lambda: gpu.as_subclass(Tagged), lambda: torch.Tensor._make_subclass(Tagged, gpu)):
+        with pytest.raises(course.cuda.cuda_bindings.NotModelledError, match="as the Python subclass Tagged"):
+            reclass()
+    assert type(torch.ones(2).as_subclass(Tagged)) is Tagged
+    q, w = torch.tensor([[2, -4], [6, 8]], dtype=torch.int8, device="cuda"), torch.randn(2, 3, device="cuda")
+    out = torch.mm(Scaled(q, 0.5), w)
+    assert out.device == torch.device("cuda", 0) and torch.equal(out.cpu(), (q.cpu().float() * 0.5) @ w.cpu())
+
+
 def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
     with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()"):
         torch.ones(2, device="cuda:0").numpy()

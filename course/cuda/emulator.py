@@ -22,7 +22,7 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
                          fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
-                         nested_fastpath, profiling, rank_rng, rpc, storages, threaded_pg, wall_clock)
+                         nested_fastpath, profiling, rank_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -165,6 +165,8 @@ class Emulator:
         for target, replacements in module_calls.PATCHES:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
+            self._patch(target, replacements)
+        for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor): refused by name
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
             self._patch(target, replacements)
