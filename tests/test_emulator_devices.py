@@ -168,6 +168,21 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         nn.Linear(2, 2).to("cuda:1")(a)
 
 
+def test_gpu_indices_into_a_host_tensor_raise_as_on_a_gpu(emu):
+    """`host_table[gpu_ids]` (a diffusion scheduler's alphas_cumprod[timesteps]) fails on a GPU box with the index
+    op's own check: it ran here and gave a GPU tensor. A GPU tensor still takes host indices, and writes through
+    GPU indices into a host tensor fail as TensorIterator fails them."""
+    table, gpu_ids = torch.arange(5.0), torch.tensor([4, 1], device="cuda")
+    for index in (lambda: table[gpu_ids], lambda: table[gpu_ids > 2], lambda: torch.index_select(table, 0, gpu_ids)):
+        with pytest.raises(RuntimeError, match=r"indices should be either on cpu or on the same device as the indexed "
+                                               r"tensor \(cpu\)|Expected all tensors to be on the same device"):
+            index()
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        table.index_put_((gpu_ids,), torch.tensor(0.0))
+    on_gpu = table.cuda()[gpu_ids.cpu()]
+    assert on_gpu.device == torch.device("cuda", 0) and on_gpu.tolist() == table[gpu_ids.cpu()].tolist()
+
+
 def test_integer_matrix_products_raise_cudas_error(emu):
     """cuBLAS has no integer GEMM: CUDA PyTorch dispatches mm/addmm/bmm/baddbmm for floating and complex dtypes only,
     where the CPU computes an integer product. The emulator gave a number a GPU never gives; now CUDA's error."""

@@ -130,8 +130,10 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
             continue
         if device is None or device == index:
             device = index
-        elif CPU in (device, index) and (func in _HOST_INDEX_OPS or _from_torch_internals()):
+        elif CPU in (device, index) and (func in _HOST_INDEX_OPS and device != CPU or _from_torch_internals()):
             device, scratch = max(device, index), True
+        elif func is _INDEX and device == CPU:  # `host_table[gpu_ids]`: the meta function's check (pytorch#69607)
+            raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
         elif func is torch.ops.aten.copy_.default:
             continue
         else:
@@ -139,7 +141,9 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
     return device, scratch
 
 
-# CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put).
+# CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put); a CPU
+# tensor takes no GPU index tensors.
+_INDEX = torch.ops.aten.index.Tensor
 _HOST_INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                    torch.ops.aten._index_put_impl_.default}
 
