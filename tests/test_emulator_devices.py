@@ -197,6 +197,22 @@ def test_integer_matrix_products_raise_cudas_error(emu):
     assert ((a.cuda().half() @ a.cuda().half()).cpu() == 2).all()
 
 
+def test_dynamically_quantized_models_refuse_gpu_inputs_as_cuda_builds_do(emu):
+    """quantize_dynamic's quantized::linear_dynamic has CPU kernels only: fed a cuda input, a GPU box raises the
+    dispatcher's error, where the emulator computed it on the CPU kernel. On host inputs it still runs."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+        quantized = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(4, 3)), {nn.Linear},
+                                                           dtype=torch.qint8)
+    x = torch.randn(2, 4)
+    expected = quantized(x)
+    with pytest.raises(NotImplementedError, match=r"^Could not run 'quantized::linear_dynamic' with arguments from "
+                                                  r"the 'CUDA' backend\..*only available for these backends: \[CPU"):
+        quantized.cuda()(x.cuda())
+    torch.testing.assert_close(quantized.cpu()(x), expected)
+
+
 def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     a = torch.ones(3, device="cuda:0")
     assert (a * torch.tensor(2.0)).device.index == 0
