@@ -213,6 +213,35 @@ def test_dynamically_quantized_models_refuse_gpu_inputs_as_cuda_builds_do(emu):
     torch.testing.assert_close(quantized.cpu()(x), expected)
 
 
+def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
+    """torch.histogram / histogramdd are CPU-only in CUDA builds (torch.histc is the GPU's): the emulator computed
+    them; now the dispatcher's error. Host tensors still get them."""
+    x = torch.rand(50, device="cuda")
+    for call, op in [(lambda t: torch.histogram(t, bins=4), "aten::histogram.bin_ct"),
+                     (lambda t: torch.histogramdd(t.view(25, 2), bins=[2, 2]), "aten::_histogramdd_bin_edges")]:
+        with pytest.raises(NotImplementedError, match=f"^Could not run '{op}' with arguments from the 'CUDA' backend"):
+            call(x)
+        call(x.cpu())
+    assert torch.histc(x, bins=4).device == torch.device("cuda", 0)
+
+
+def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_moves(emu):
+    """`torch.zeros_like(gpu_x, device="cpu")` and `gpu_x.new_zeros(n, device="cpu")` make host tensors (they came
+    out on the GPU), and `x.type_as(y)` takes y's device as well as its dtype (ATen's `x.to(y.options())`)."""
+    x = torch.arange(6.0, device="cuda:1").view(2, 3)
+    made = [torch.zeros_like(x, device="cpu"), torch.empty_like(x, device=torch.device("cpu")),
+            torch.full_like(x, 7.0, device="cpu"), torch.randn_like(x, device="cpu"), x.new_zeros(4, device="cpu"),
+            x.new_full((2,), 3.0, device="cpu"), x.new_empty((1, 2), device="meta")]
+    assert [str(t.device) for t in made] == ["cpu"] * 6 + ["meta"]
+    assert made[2].tolist() == [[7.0] * 3] * 2 and made[0].shape == x.shape
+    assert torch.zeros_like(x, device="cuda:2").device == torch.device("cuda", 2)
+    mask = torch.tensor([1, 0, 1]).type_as(x)
+    assert (mask.device, mask.dtype) == (torch.device("cuda", 1), torch.float32)
+    back = x.type_as(torch.ones(1, dtype=torch.float64))
+    assert (back.device, back.dtype) == (torch.device("cpu"), torch.float64)
+    assert back.tolist() == x.cpu().double().tolist()
+
+
 def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     a = torch.ones(3, device="cuda:0")
     assert (a * torch.tensor(2.0)).device.index == 0

@@ -240,6 +240,19 @@ def _new_tensor(self, data, **kwargs):
         return torch.Tensor.new_tensor(self, data, **kwargs)
 
 
+def _type_as(self, other):
+    """`x.type_as(y)` is `x.to(y.options())` in ATen: y's device too, which C++ would read off the wrapper as the
+    CPU's (a host mask `.type_as(gpu_x)` stayed on the host, a GPU tensor `.type_as(host_double)` on its GPU)."""
+    return _to(self, other)
+
+
+# Factories shaped like a tensor argument: given a host `device=`, they make a host tensor whatever the argument's
+# device (`torch.zeros_like(gpu_x, device="cpu")`), which the op's kernel, seeing a GPU argument, would not.
+_SHAPED_LIKE = frozenset({torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
+                          torch.randn_like, torch.randint_like, torch.Tensor.new_zeros, torch.Tensor.new_ones,
+                          torch.Tensor.new_empty, torch.Tensor.new_full, torch.Tensor.new_empty_strided})
+
+
 def _new(self, *args, **kwargs):
     """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device; for a
     sparse x, `x.new(indices, values, size)` (SparseAdam) is a sparse tensor made of them."""
@@ -388,6 +401,7 @@ _HANDLERS = {
     torch.Tensor.data_ptr: _data_ptr,
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
+    torch.Tensor.type_as: _type_as,
     torch.Tensor.data.__set__: _set_data,
     torch.Tensor.grad.__get__: _grad,
     torch.autograd.grad: _grad_of,
@@ -454,6 +468,8 @@ def _route_torch_function(func, args, kwargs):
     if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
         if isinstance(device, int) or torch.device(device).type not in ("cpu", "meta"):
             return _create_on_device(func, device, args, dict(kwargs))
+    if device is not None and func in _SHAPED_LIKE and args and isinstance(args[0], EmulatedTensor):  # host
+        args = (args[0]._inner,) + args[1:]
     if kwargs and kwargs.get("pin_memory"):  # CPU torch has no pinned allocator: a buffer for async copies
         with torch._C.DisableTorchFunctionSubclass():
             return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
