@@ -8,6 +8,8 @@
   a GPU box (it ran here and gave a GPU tensor), and the fixed form;
 - deterministic mode: EmbeddingBag's max-mode backward has no deterministic CUDA kernel (it ran here);
 - pickle / deepcopy / torch.save to a BytesIO keep each tensor's GPU, and x.numpy() needs .cpu() first;
+- host buffers shaped like GPU tensors (torch.zeros_like(x, device="cpu"), x.new_zeros(..., device="cpu")) and
+  masks moved with .type_as(x) (they came out on the wrong side), and torch.histogram, which has no CUDA kernel;
 - tooling that wraps GPU tensors: FlopCounterMode over a forward and backward, a TorchDispatchMode logging ops and
   devices, and a wrapper subclass (the scaled-int8 pattern of low-precision libraries) holding a GPU tensor.
 """
@@ -122,6 +124,25 @@ def python_protocols(res):
                         "host memory first.")
 
 
+def host_side_buffers(res):
+    torch.manual_seed(4)
+    x = torch.randn(4, 3, device=second)
+    staging = torch.zeros_like(x, device="cpu")
+    staging.copy_(x)
+    res["staging"] = [staging.device.type, float(staging.numpy().sum()), x.new_zeros(2, device="cpu").device.type]
+    mask = (torch.arange(3) % 2).type_as(x)
+    res["type_as_mask"] = [mask.device == second, str(mask.dtype), (x * mask).sum().item()]
+    if CUDA:
+        try:
+            torch.histogram(x, bins=3)
+            res["histogram_on_gpu"] = "ran"
+        except NotImplementedError as e:
+            res["histogram_on_gpu"] = "no CUDA kernel" if "'CUDA' backend" in str(e) else str(e)
+    else:
+        res["histogram_on_gpu"] = "no CUDA kernel"
+    res["histogram_on_host"] = torch.histogram(x.cpu(), bins=3).hist.tolist()
+
+
 class OpLog(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -170,7 +191,7 @@ def dispatch_tools(res):
 def main():
     res = {}
     for check in (visibility, default_devices, scheduler_lookup, deterministic_bag, python_protocols,
-                  dispatch_tools):
+                  host_side_buffers, dispatch_tools):
         check(res)
     res["_tolerance"] = [1e-4, 1e-5]
     print("RESULT " + json.dumps(res))
