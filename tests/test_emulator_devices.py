@@ -226,8 +226,9 @@ def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
 
 
 def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_moves(emu):
-    """`torch.zeros_like(gpu_x, device="cpu")` and `gpu_x.new_zeros(n, device="cpu")` make host tensors (they came
-    out on the GPU), and `x.type_as(y)` takes y's device as well as its dtype (ATen's `x.to(y.options())`)."""
+    """`torch.zeros_like(gpu_x, device="cpu")`, `gpu_x.new_zeros(n, device="cpu")` and `torch.as_tensor(gpu_x,
+    device="cpu")` make host tensors (they came out on the GPU), and `x.type_as(y)` takes y's device as well as its
+    dtype (ATen's `x.to(y.options())`)."""
     x = torch.arange(6.0, device="cuda:1").view(2, 3)
     made = [torch.zeros_like(x, device="cpu"), torch.empty_like(x, device=torch.device("cpu")),
             torch.full_like(x, 7.0, device="cpu"), torch.randn_like(x, device="cpu"), x.new_zeros(4, device="cpu"),
@@ -235,6 +236,10 @@ def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_mov
     assert [str(t.device) for t in made] == ["cpu"] * 6 + ["meta"]
     assert made[2].tolist() == [[7.0] * 3] * 2 and made[0].shape == x.shape
     assert torch.zeros_like(x, device="cuda:2").device == torch.device("cuda", 2)
+    for copy in (torch.as_tensor(x, device="cpu"), torch.tensor(x, device=torch.device("cpu")),
+                 torch.asarray(x, device="cpu")):
+        assert copy.device == torch.device("cpu") and copy.tolist() == x.tolist()
+    assert torch.as_tensor(x, dtype=torch.float64).device == x.device  # no device: where it is
     mask = torch.tensor([1, 0, 1]).type_as(x)
     assert (mask.device, mask.dtype) == (torch.device("cuda", 1), torch.float32)
     back = x.type_as(torch.ones(1, dtype=torch.float64))

@@ -455,10 +455,16 @@ def handle_torch_function(func, args, kwargs):
         raise error.with_traceback(None) from error.__cause__
 
 
+def _names_host(device) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
+
+
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
+    elif func in _FROM_HOST_DATA and args and isinstance(args[0], EmulatedTensor) and _names_host(kwargs.get("device")):
+        args = (on_host(args[0]),) + args[1:]  # `torch.as_tensor(gpu_x, device="cpu")`: a copy to the host
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
