@@ -8,7 +8,8 @@
   a GPU box (it ran here and gave a GPU tensor), and the fixed form;
 - deterministic mode: EmbeddingBag's max-mode backward has no deterministic CUDA kernel (it ran here);
 - pickle / deepcopy / torch.save to a BytesIO keep each tensor's GPU, and x.numpy() needs .cpu() first;
-- host buffers shaped like GPU tensors (torch.zeros_like(x, device="cpu"), x.new_zeros(..., device="cpu")) and
+- host buffers shaped like GPU tensors (torch.zeros_like(x, device="cpu"), x.new_zeros(..., device="cpu"),
+  torch.as_tensor(x, device="cpu")) and
   masks moved with .type_as(x) (they came out on the wrong side), and torch.histogram, which has no CUDA kernel;
 - tooling that wraps GPU tensors: FlopCounterMode over a forward and backward, a TorchDispatchMode logging ops and
   devices, and a wrapper subclass (the scaled-int8 pattern of low-precision libraries) holding a GPU tensor.
@@ -129,7 +130,8 @@ def host_side_buffers(res):
     x = torch.randn(4, 3, device=second)
     staging = torch.zeros_like(x, device="cpu")
     staging.copy_(x)
-    res["staging"] = [staging.device.type, float(staging.numpy().sum()), x.new_zeros(2, device="cpu").device.type]
+    res["staging"] = [staging.device.type, float(staging.numpy().sum()), x.new_zeros(2, device="cpu").device.type,
+                      torch.as_tensor(x, device="cpu").device.type]
     mask = (torch.arange(3) % 2).type_as(x)
     res["type_as_mask"] = [mask.device == second, str(mask.dtype), (x * mask).sum().item()]
     if CUDA:
