@@ -228,7 +228,7 @@ def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
 def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_moves(emu):
     """`torch.zeros_like(gpu_x, device="cpu")`, `gpu_x.new_zeros(n, device="cpu")` and `torch.as_tensor(gpu_x,
     device="cpu")` make host tensors (they came out on the GPU), and `x.type_as(y)` takes y's device as well as its
-    dtype (ATen's `x.to(y.options())`)."""
+    dtype (ATen's `x.to(y.options())`), as `module.to(y)` does."""
     x = torch.arange(6.0, device="cuda:1").view(2, 3)
     made = [torch.zeros_like(x, device="cpu"), torch.empty_like(x, device=torch.device("cpu")),
             torch.full_like(x, 7.0, device="cpu"), torch.randn_like(x, device="cpu"), x.new_zeros(4, device="cpu"),
@@ -240,6 +240,8 @@ def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_mov
                  torch.asarray(x, device="cpu")):
         assert copy.device == torch.device("cpu") and copy.tolist() == x.tolist()
     assert torch.as_tensor(x, dtype=torch.float64).device == x.device  # no device: where it is
+    moved = nn.Linear(3, 2).to(x.half())  # Module.to(tensor): the tensor's device and dtype
+    assert {(p.device, p.dtype) for p in moved.parameters()} == {(torch.device("cuda", 1), torch.float16)}
     mask = torch.tensor([1, 0, 1]).type_as(x)
     assert (mask.device, mask.dtype) == (torch.device("cuda", 1), torch.float32)
     back = x.type_as(torch.ones(1, dtype=torch.float64))

@@ -105,6 +105,9 @@ def _cuda_index(value):
 
 def _parse_to(*args, **kwargs):
     """Tensor.to / Module.to argument parsing, with `.to(rank)` meaning `.to("cuda:<rank>")`; no `copy=`."""
+    if args and isinstance(args[0], EmulatedTensor):  # `module.to(gpu_x)`: C++ would read the wrapper's CPU device
+        non_blocking = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
+        return args[0].device, args[0].dtype, non_blocking, kwargs.get("memory_format")
     if args and not isinstance(args[0], torch.Tensor):
         args = (_cuda_index(args[0]),) + args[1:]
     kwargs = {k: _cuda_index(v) if k == "device" else v for k, v in kwargs.items() if k != "copy"}
