@@ -269,21 +269,26 @@ def test_invalid_device_ordinal(emu):
 
 
 def test_cuda_visible_devices_hides_and_renumbers_gpus_as_cuda_does(monkeypatch):
-    """CUDA_VISIBLE_DEVICES, read at the first question about devices (so a program may set it after the emulator
-    started, before using CUDA), numbers the GPUs it names from 0; each process's own variable applies to the whole
-    machine, which is what worker processes are told; an empty list hides every GPU."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    """CUDA_VISIBLE_DEVICES set by the program (or a launcher) is read at the first question about devices, so after
+    the emulator started, and numbers the GPUs it names from 0; workers are told the whole machine and the value the
+    emulator started with, which describes the real machine (a cluster's allocation) and so hides nothing; an
+    empty list hides every GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with course.emulate(gpus=4, force=True):
+        assert torch.cuda.device_count() == 4  # as the emulator found it: the real machine's
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     with course.emulate(gpus=4, force=True) as emu:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0,1")
         assert (torch.cuda.device_count(), torch.cuda.is_available()) == (3, True)
         assert torch.ones(1, device="cuda:2").device == torch.device("cuda", 2)
         with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
             torch.ones(1, device="cuda:3")
-        assert emu._config()["gpus"] == 4
+        assert (emu._config()["gpus"], emu._config()["visible_at_start"]) == (4, None)
     for value, count in [("0,7,1", 1), ("1,1", 0), ("", 0)]:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
-        assert len(torch.cuda._parse_visible_devices()) >= count  # PyTorch's parser, before the machine's cut
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
         with course.emulate(gpus=4, force=True):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+            assert len(torch.cuda._parse_visible_devices()) >= count  # PyTorch's parser, before the machine's cut
             assert (torch.cuda.device_count(), torch.cuda.is_available()) == (count, count > 0)
 
 
@@ -306,8 +311,8 @@ def test_cuda_visible_devices_keeps_the_machines_topology(monkeypatch):
         far = next((a, b) for a in range(8) for b in range(8) if a != b and not torch.cuda.can_device_access_peer(a, b))
         far_ms, near_ms = copy_ms(*far), copy_ms(0, 1)
     assert far_ms != near_ms
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{far[0]},{far[1]}")
     with course.emulate(machine="DGX-1V", force=True):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{far[0]},{far[1]}")
         assert torch.cuda.device_count() == 2 and not torch.cuda.can_device_access_peer(0, 1)
         assert copy_ms(0, 1) == far_ms
 

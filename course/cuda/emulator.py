@@ -7,6 +7,7 @@ emulator steps aside (unless `force=True`), so the same notebook measures the re
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 
@@ -59,6 +60,7 @@ class Emulator:
             gpu, link, host_link = self.machine.gpu, self.machine.link, self.machine.host_link
         self.physical_gpus = gpus
         self._visible: list[int] | None = None  # read from CUDA_VISIBLE_DEVICES when first asked (see num_gpus)
+        self.visible_at_start = os.environ.get("CUDA_VISIBLE_DEVICES")  # the real machine's (environment.py)
         self.gpu = hardware.gpu(gpu)
         self.link = hardware.link(link)
         self.host_link = hardware.link(host_link)
@@ -76,15 +78,15 @@ class Emulator:
 
     @property
     def num_gpus(self) -> int:
-        """The GPUs this process sees: all of the machine's, or those CUDA_VISIBLE_DEVICES names. Like the CUDA
-        driver, which reads the variable when CUDA initialises, it is read at the first question about devices,
-        so a program may still set it in os.environ after the emulator started."""
+        """The GPUs this process sees: all of the machine's, or those CUDA_VISIBLE_DEVICES names once the program or
+        its launcher set it. Like the CUDA driver, which reads the variable when CUDA initialises, it is read at the
+        first question about devices, so a program may still set it in os.environ after the emulator started."""
         return len(self.visible_devices())
 
     def visible_devices(self) -> list[int]:
         """The machine's index of each GPU this process numbers 0, 1, ...: what topology and links are read by."""
         if self._visible is None:
-            self._visible = environment.visible_devices(self.physical_gpus)
+            self._visible = environment.visible_devices(self.physical_gpus, self.visible_at_start)
         return self._visible
 
     # -- per-thread CUDA state: current device and current stream of each device --------------
@@ -210,7 +212,8 @@ class Emulator:
         if any(presets_of.get(part.key) is not part for part, presets_of in presets):
             return None
         config = {"gpus": self.physical_gpus, "gpu": self.gpu.key, "link": self.link.key,
-                  "host_link": self.host_link.key, "materialize": self.materialize}
+                  "host_link": self.host_link.key, "materialize": self.materialize,
+                  "visible_at_start": self.visible_at_start}
         # Workers must see the same topology, not every pair on the whole link.
         if self.machine is not None:
             config["machine"] = self.machine.key
