@@ -20,10 +20,16 @@ PTH_LINE = ("import os; os.environ.get('COURSE_EMULATE') and "
 
 
 def start_from_env():
-    """Start the machine COURSE_EMULATE describes, unless an emulator already runs in this process."""
+    """Start the machine COURSE_EMULATE describes, unless an emulator already runs in this process. Its
+    CUDA_VISIBLE_DEVICES is judged against the value the first emulator started with, not this process's own,
+    which a launcher may have set for it."""
     if devices.active is not None:
         return devices.active
-    return emulate(**json.loads(os.environ[ENV]), force=True).start()
+    config = json.loads(os.environ[ENV])
+    visible_at_start = config.pop("visible_at_start", None)
+    emulator = emulate(**config, force=True)
+    emulator.visible_at_start = visible_at_start
+    return emulator.start()
 
 
 def install_pth(site_packages: str) -> str:

@@ -813,6 +813,8 @@ def test_deterministic_mode_raises_what_cuda_kernels_raise(emu, deterministic):
         "put_": lambda: torch.zeros(4, device="cuda").put_(index, torch.ones(3, device="cuda"), accumulate=True),
         "adaptive_avg_pool2d_backward_out_cuda": lambda: nn.functional.adaptive_avg_pool2d(
             x.view(1, 1, 4, 4).requires_grad_(), 2).sum().backward(),
+        "embedding_bag_backward_cuda_max": lambda: nn.functional.embedding_bag(
+            index, x.clone().requires_grad_(), torch.tensor([0], device="cuda"), mode="max").sum().backward(),
     }
     for caller, call in cases.items():
         with pytest.raises(RuntimeError, match=f"^{caller} does not have a deterministic implementation, but you set "
@@ -821,6 +823,9 @@ def test_deterministic_mode_raises_what_cuda_kernels_raise(emu, deterministic):
     host, host_index = x.cpu(), index.cpu()  # CPU torch has deterministic kernels for them
     torch.cumsum(host, 0), torch.histc(host), host.median(1), torch.bincount(host_index, weights=torch.ones(3))
     torch.zeros(4).put_(host_index, torch.ones(3), accumulate=True)
+    nn.functional.embedding_bag(host_index, host.requires_grad_(), torch.tensor([0]), mode="max").sum().backward()
+    nn.functional.embedding_bag(index, x.clone().requires_grad_(), torch.tensor([0], device="cuda"),
+                                mode="sum").sum().backward()  # only max mode's CUDA backward is nondeterministic
     runs = [x.median(), torch.bincount(index), torch.arange(4, device="cuda").cumsum(0),
             torch.zeros(3, device="cuda").index_add_(0, index, torch.ones(3, device="cuda")),
             torch.zeros(4, device="cuda").scatter_add_(0, index, torch.ones(3, device="cuda"))]

@@ -168,6 +168,21 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         nn.Linear(2, 2).to("cuda:1")(a)
 
 
+def test_gpu_indices_into_a_host_tensor_raise_as_on_a_gpu(emu):
+    """`host_table[gpu_ids]` (a diffusion scheduler's alphas_cumprod[timesteps]) fails on a GPU box with the index
+    op's own check: it ran here and gave a GPU tensor. A GPU tensor still takes host indices, and writes through
+    GPU indices into a host tensor fail as TensorIterator fails them."""
+    table, gpu_ids = torch.arange(5.0), torch.tensor([4, 1], device="cuda")
+    for index in (lambda: table[gpu_ids], lambda: table[gpu_ids > 2], lambda: torch.index_select(table, 0, gpu_ids)):
+        with pytest.raises(RuntimeError, match=r"indices should be either on cpu or on the same device as the indexed "
+                                               r"tensor \(cpu\)|Expected all tensors to be on the same device"):
+            index()
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        table.index_put_((gpu_ids,), torch.tensor(0.0))
+    on_gpu = table.cuda()[gpu_ids.cpu()]
+    assert on_gpu.device == torch.device("cuda", 0) and on_gpu.tolist() == table[gpu_ids.cpu()].tolist()
+
+
 def test_integer_matrix_products_raise_cudas_error(emu):
     """cuBLAS has no integer GEMM: CUDA PyTorch dispatches mm/addmm/bmm/baddbmm for floating and complex dtypes only,
     where the CPU computes an integer product. The emulator gave a number a GPU never gives; now CUDA's error."""
@@ -203,6 +218,58 @@ def test_integer_vector_products_raise_cudas_error(emu):
                                                             v.cuda()).shape == (0,)
 
 
+def test_dynamically_quantized_models_refuse_gpu_inputs_as_cuda_builds_do(emu):
+    """quantize_dynamic's quantized::linear_dynamic has CPU kernels only: fed a cuda input, a GPU box raises the
+    dispatcher's error, where the emulator computed it on the CPU kernel. On host inputs it still runs."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+        quantized = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(4, 3)), {nn.Linear},
+                                                           dtype=torch.qint8)
+    x = torch.randn(2, 4)
+    expected = quantized(x)
+    with pytest.raises(NotImplementedError, match=r"^Could not run 'quantized::linear_dynamic' with arguments from "
+                                                  r"the 'CUDA' backend\..*only available for these backends: \[CPU"):
+        quantized.cuda()(x.cuda())
+    torch.testing.assert_close(quantized.cpu()(x), expected)
+
+
+def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
+    """torch.histogram / histogramdd are CPU-only in CUDA builds (torch.histc is the GPU's): the emulator computed
+    them; now the dispatcher's error. Host tensors still get them."""
+    x = torch.rand(50, device="cuda")
+    for call, op in [(lambda t: torch.histogram(t, bins=4), "aten::histogram.bin_ct"),
+                     (lambda t: torch.histogramdd(t.view(25, 2), bins=[2, 2]), "aten::_histogramdd_bin_edges")]:
+        with pytest.raises(NotImplementedError, match=f"^Could not run '{op}' with arguments from the 'CUDA' backend"):
+            call(x)
+        call(x.cpu())
+    assert torch.histc(x, bins=4).device == torch.device("cuda", 0)
+
+
+def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_moves(emu):
+    """`torch.zeros_like(gpu_x, device="cpu")`, `gpu_x.new_zeros(n, device="cpu")` and `torch.as_tensor(gpu_x,
+    device="cpu")` make host tensors (they came out on the GPU), and `x.type_as(y)` takes y's device as well as its
+    dtype (ATen's `x.to(y.options())`), as `module.to(y)` does."""
+    x = torch.arange(6.0, device="cuda:1").view(2, 3)
+    made = [torch.zeros_like(x, device="cpu"), torch.empty_like(x, device=torch.device("cpu")),
+            torch.full_like(x, 7.0, device="cpu"), torch.randn_like(x, device="cpu"), x.new_zeros(4, device="cpu"),
+            x.new_full((2,), 3.0, device="cpu"), x.new_empty((1, 2), device="meta")]
+    assert [str(t.device) for t in made] == ["cpu"] * 6 + ["meta"]
+    assert made[2].tolist() == [[7.0] * 3] * 2 and made[0].shape == x.shape
+    assert torch.zeros_like(x, device="cuda:2").device == torch.device("cuda", 2)
+    for copy in (torch.as_tensor(x, device="cpu"), torch.tensor(x, device=torch.device("cpu")),
+                 torch.asarray(x, device="cpu")):
+        assert copy.device == torch.device("cpu") and copy.tolist() == x.tolist()
+    assert torch.as_tensor(x, dtype=torch.float64).device == x.device  # no device: where it is
+    moved = nn.Linear(3, 2).to(x.half())  # Module.to(tensor): the tensor's device and dtype
+    assert {(p.device, p.dtype) for p in moved.parameters()} == {(torch.device("cuda", 1), torch.float16)}
+    mask = torch.tensor([1, 0, 1]).type_as(x)
+    assert (mask.device, mask.dtype) == (torch.device("cuda", 1), torch.float32)
+    back = x.type_as(torch.ones(1, dtype=torch.float64))
+    assert (back.device, back.dtype) == (torch.device("cpu"), torch.float64)
+    assert back.tolist() == x.cpu().double().tolist()
+
+
 def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     a = torch.ones(3, device="cuda:0")
     assert (a * torch.tensor(2.0)).device.index == 0
@@ -220,6 +287,84 @@ def test_invalid_device_ordinal(emu):
         torch.zeros(1, device="cuda:4")
     with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
         torch.zeros(1).to("cuda:9")
+
+
+def test_cuda_visible_devices_hides_and_renumbers_gpus_as_cuda_does(monkeypatch):
+    """CUDA_VISIBLE_DEVICES set by the program (or a launcher) is read at the first question about devices, so after
+    the emulator started, and numbers the GPUs it names from 0; workers are told the whole machine and the value the
+    emulator started with, which describes the real machine (a cluster's allocation) and so hides nothing; an
+    empty list hides every GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with course.emulate(gpus=4, force=True):
+        assert torch.cuda.device_count() == 4  # as the emulator found it: the real machine's
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with course.emulate(gpus=4, force=True) as emu:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0,1")
+        assert (torch.cuda.device_count(), torch.cuda.is_available()) == (3, True)
+        assert torch.ones(1, device="cuda:2").device == torch.device("cuda", 2)
+        with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+            torch.ones(1, device="cuda:3")
+        assert (emu._config()["gpus"], emu._config()["visible_at_start"]) == (4, None)
+    for value, count in [("0,7,1", 1), ("1,1", 0), ("", 0)]:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        with course.emulate(gpus=4, force=True):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+            assert len(torch.cuda._parse_visible_devices()) >= count  # PyTorch's parser, before the machine's cut
+            assert (torch.cuda.device_count(), torch.cuda.is_available()) == (count, count > 0)
+
+
+def test_cuda_visible_devices_keeps_the_machines_topology(monkeypatch):
+    """On a machine preset the renumbered GPUs keep their own links: a pair that cannot reach each other directly
+    still cannot when CUDA_VISIBLE_DEVICES makes them cuda:0 and cuda:1, and their copy costs the same."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def copy_ms(src, dst):
+        x = torch.ones(1 << 20, device=f"cuda:{src}")
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        x.to(f"cuda:{dst}")
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    with course.emulate(machine="DGX-1V", force=True):
+        far = next((a, b) for a in range(8) for b in range(8) if a != b and not torch.cuda.can_device_access_peer(a, b))
+        far_ms, near_ms = copy_ms(*far), copy_ms(0, 1)
+    assert far_ms != near_ms
+    with course.emulate(machine="DGX-1V", force=True):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{far[0]},{far[1]}")
+        assert torch.cuda.device_count() == 2 and not torch.cuda.can_device_access_peer(0, 1)
+        assert copy_ms(0, 1) == far_ms
+
+
+def test_python_subclasses_of_gpu_tensors_are_refused_by_name_and_wrappers_run(emu):
+    """Re-classing a GPU tensor as the program's own subclass names what is not modelled (the C++ error spoke of
+    EmulatedTensor); a host tensor's subclass and a wrapper subclass holding a GPU tensor run as on a GPU box."""
+    class Tagged(torch.Tensor):
+        pass
+
+    class Scaled(torch.Tensor):
+        @staticmethod
+        def __new__(cls, data, scale):
+            return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.float32, device=data.device)
+
+        def __init__(self, data, scale):
+            self.data_, self.scale = data, scale
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            unwrap = lambda t: t.data_.float() * t.scale if isinstance(t, Scaled) else t  # noqa: E731
+            return func(*torch.utils._pytree.tree_map(unwrap, args), **(kwargs or {}))
+
+    gpu = torch.ones(2, device="cuda")
+    for reclass in (lambda: gpu.as_subclass(Tagged), lambda: torch.Tensor._make_subclass(Tagged, gpu)):
+        with pytest.raises(course.cuda.cuda_bindings.NotModelledError, match="as the Python subclass Tagged"):
+            reclass()
+    assert type(torch.ones(2).as_subclass(Tagged)) is Tagged
+    q, w = torch.tensor([[2, -4], [6, 8]], dtype=torch.int8, device="cuda"), torch.randn(2, 3, device="cuda")
+    out = torch.mm(Scaled(q, 0.5), w)
+    assert out.device == torch.device("cuda", 0) and torch.equal(out.cpu(), (q.cpu().float() * 0.5) @ w.cpu())
 
 
 def test_numpy_needs_cpu_first_like_on_a_gpu(emu):

@@ -236,7 +236,7 @@ class AcceleratorEvent(Event):
 
 
 def is_available() -> bool:
-    return True
+    return _emu().num_gpus > 0  # CUDA_VISIBLE_DEVICES="" hides every GPU
 
 
 def is_initialized() -> bool:
@@ -264,7 +264,8 @@ def can_device_access_peer(device, peer_device) -> bool:
         raise AssertionError("Invalid peer device id")
     if device == peer_device:
         return False
-    return emu.machine is None or not topology.reads_host_memory(emu.machine, device, peer_device)
+    visible = emu.visible_devices()
+    return emu.machine is None or not topology.reads_host_memory(emu.machine, visible[device], visible[peer_device])
 
 
 def set_device(device) -> None:

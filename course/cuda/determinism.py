@@ -119,6 +119,9 @@ ALERTS = {
     aten.nll_loss2d_forward: _when("nll_loss2d_forward_out_cuda_template", lambda n: n["reduction"] != 0),
     aten._ctc_loss_backward: _always("ctc_loss_backward_gpu"),
     aten._embedding_bag_dense_backward: _when("embedding_bag_backward_cuda_max", lambda n: n["mode"] == 2),
+    # autograd calls this one: on CUDA it hands dense gradients to the kernel above, on the CPU it runs its own
+    aten._embedding_bag_backward: _when("embedding_bag_backward_cuda_max",
+                                        lambda n: n["mode"] == 2 and not n["sparse"]),
     aten.put_: _when("put_", lambda n: n.get("accumulate", False)),
     aten.put: _when("put_", lambda n: n.get("accumulate", False)),
     aten.histc: _always("_histc_cuda"),

@@ -7,6 +7,7 @@ emulator steps aside (unless `force=True`), so the same notebook measures the re
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 
@@ -22,7 +23,7 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
                          fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
-                         nested_fastpath, profiling, rank_rng, rpc, storages, threaded_pg, wall_clock)
+                         nested_fastpath, profiling, rank_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -57,7 +58,9 @@ class Emulator:
                 raise ValueError(f"a {self.machine.key} has {self.machine.num_gpus} GPUs; asked for {gpus}: "
                                  f"ask for {self.machine.num_gpus} or fewer")
             gpu, link, host_link = self.machine.gpu, self.machine.link, self.machine.host_link
-        self.num_gpus = gpus
+        self.physical_gpus = gpus
+        self._visible: list[int] | None = None  # read from CUDA_VISIBLE_DEVICES when first asked (see num_gpus)
+        self.visible_at_start = os.environ.get("CUDA_VISIBLE_DEVICES")  # the real machine's (environment.py)
         self.gpu = hardware.gpu(gpu)
         self.link = hardware.link(link)
         self.host_link = hardware.link(host_link)
@@ -72,6 +75,19 @@ class Emulator:
         self._saved: list[tuple[object, str, object]] = []
         self._mode: EmulatorMode | None = None
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode (course/cuda/sync_debug.py)
+
+    @property
+    def num_gpus(self) -> int:
+        """The GPUs this process sees: all of the machine's, or those CUDA_VISIBLE_DEVICES names once the program or
+        its launcher set it. Like the CUDA driver, which reads the variable when CUDA initialises, it is read at the
+        first question about devices, so a program may still set it in os.environ after the emulator started."""
+        return len(self.visible_devices())
+
+    def visible_devices(self) -> list[int]:
+        """The machine's index of each GPU this process numbers 0, 1, ...: what topology and links are read by."""
+        if self._visible is None:
+            self._visible = environment.visible_devices(self.physical_gpus, self.visible_at_start)
+        return self._visible
 
     # -- per-thread CUDA state: current device and current stream of each device --------------
     def _thread_state(self):
@@ -98,7 +114,8 @@ class Emulator:
     def collective_link(self, devices=None) -> hardware.Link:
         """The link NCCL's rings over `devices` (default: every GPU) run on, from the machine preset's topology
         (course/machine/topology.py); without a machine preset, `link` itself."""
-        key = tuple(sorted(range(self.num_gpus) if devices is None else set(devices)))
+        visible = self.visible_devices()
+        key = tuple(sorted(visible[d] for d in (range(len(visible)) if devices is None else set(devices))))
         if key not in self._collective_links:
             self._collective_links[key] = topology.collective_link(self.machine, self.link, self.host_link,
                                                                    list(key))
@@ -120,7 +137,7 @@ class Emulator:
         self._patch(torch.accelerator, cuda_api.ACCELERATOR_PATCHES)
         self._patch(torch, cuda_api.TORCH_PATCHES)
         self._patch(torch._C, {"_group_tensors_by_device_and_dtype": kernels.group_tensors_by_device_and_dtype})
-        for target, replacements in cuda_api.module_patches(self.num_gpus):  # torch._C, RNG, torch.cuda.memory
+        for target, replacements in cuda_api.module_patches(self.physical_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
         self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
         for target, replacements in build_info.PATCHES:  # torch.version.cuda, cudnn.version(): a CUDA build's
@@ -150,6 +167,8 @@ class Emulator:
         for target, replacements in module_calls.PATCHES:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
+            self._patch(target, replacements)
+        for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor): refused by name
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
             self._patch(target, replacements)
@@ -192,8 +211,9 @@ class Emulator:
         presets = [(self.gpu, hardware.GPUS), (self.link, hardware.LINKS), (self.host_link, hardware.LINKS)]
         if any(presets_of.get(part.key) is not part for part, presets_of in presets):
             return None
-        config = {"gpus": self.num_gpus, "gpu": self.gpu.key, "link": self.link.key,
-                  "host_link": self.host_link.key, "materialize": self.materialize}
+        config = {"gpus": self.physical_gpus, "gpu": self.gpu.key, "link": self.link.key,
+                  "host_link": self.host_link.key, "materialize": self.materialize,
+                  "visible_at_start": self.visible_at_start}
         # Workers must see the same topology, not every pair on the whole link.
         if self.machine is not None:
             config["machine"] = self.machine.key

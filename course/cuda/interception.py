@@ -105,6 +105,9 @@ def _cuda_index(value):
 
 def _parse_to(*args, **kwargs):
     """Tensor.to / Module.to argument parsing, with `.to(rank)` meaning `.to("cuda:<rank>")`; no `copy=`."""
+    if args and isinstance(args[0], EmulatedTensor):  # `module.to(gpu_x)`: C++ would read the wrapper's CPU device
+        non_blocking = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
+        return args[0].device, args[0].dtype, non_blocking, kwargs.get("memory_format")
     if args and not isinstance(args[0], torch.Tensor):
         args = (_cuda_index(args[0]),) + args[1:]
     kwargs = {k: _cuda_index(v) if k == "device" else v for k, v in kwargs.items() if k != "copy"}
@@ -238,6 +241,19 @@ def _new_tensor(self, data, **kwargs):
         return _create_on_device(torch.tensor, kwargs.pop("device"), (data,), kwargs)
     with torch._C.DisableTorchFunctionSubclass():
         return torch.Tensor.new_tensor(self, data, **kwargs)
+
+
+def _type_as(self, other):
+    """`x.type_as(y)` is `x.to(y.options())` in ATen: y's device too, which C++ would read off the wrapper as the
+    CPU's (a host mask `.type_as(gpu_x)` stayed on the host, a GPU tensor `.type_as(host_double)` on its GPU)."""
+    return _to(self, other)
+
+
+# Factories shaped like a tensor argument: given a host `device=`, they make a host tensor whatever the argument's
+# device (`torch.zeros_like(gpu_x, device="cpu")`), which the op's kernel, seeing a GPU argument, would not.
+_SHAPED_LIKE = frozenset({torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
+                          torch.randn_like, torch.randint_like, torch.Tensor.new_zeros, torch.Tensor.new_ones,
+                          torch.Tensor.new_empty, torch.Tensor.new_full, torch.Tensor.new_empty_strided})
 
 
 def _new(self, *args, **kwargs):
@@ -388,6 +404,7 @@ _HANDLERS = {
     torch.Tensor.data_ptr: _data_ptr,
     torch.Tensor.record_stream: _record_stream,
     torch.Tensor.type: _type,
+    torch.Tensor.type_as: _type_as,
     torch.Tensor.data.__set__: _set_data,
     torch.Tensor.grad.__get__: _grad,
     torch.autograd.grad: _grad_of,
@@ -441,10 +458,16 @@ def handle_torch_function(func, args, kwargs):
         raise error.with_traceback(None) from error.__cause__
 
 
+def _names_host(device) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
+
+
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
+    elif func in _FROM_HOST_DATA and args and isinstance(args[0], EmulatedTensor) and _names_host(kwargs.get("device")):
+        args = (on_host(args[0]),) + args[1:]  # `torch.as_tensor(gpu_x, device="cpu")`: a copy to the host
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
@@ -454,6 +477,8 @@ def _route_torch_function(func, args, kwargs):
     if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
         if isinstance(device, int) or torch.device(device).type not in ("cpu", "meta"):
             return _create_on_device(func, device, args, dict(kwargs))
+    if device is not None and func in _SHAPED_LIKE and args and isinstance(args[0], EmulatedTensor):  # host
+        args = (args[0]._inner,) + args[1:]
     if kwargs and kwargs.get("pin_memory"):  # CPU torch has no pinned allocator: a buffer for async copies
         with torch._C.DisableTorchFunctionSubclass():
             return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)

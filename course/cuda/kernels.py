@@ -6,6 +6,7 @@ simulated clock and counts the memory it allocates.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import warnings
@@ -14,7 +15,7 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, sync_debug
+from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, sync_debug
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -45,7 +46,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel", "blas_name")
+                 "python_cuda_kernel", "gpu_check")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -78,7 +79,9 @@ class _OpInfo:
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
-        self.blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)  # a matrix product: floats only
+        # What a GPU refuses that the CPU runs: a matrix product of integers, an op with no CUDA kernel at all.
+        blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
+        self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else host_only_ops.refusal(func)
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
@@ -130,8 +133,10 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
             continue
         if device is None or device == index:
             device = index
-        elif CPU in (device, index) and (func in _HOST_INDEX_OPS or _from_torch_internals()):
+        elif CPU in (device, index) and (func in _HOST_INDEX_OPS and device != CPU or _from_torch_internals()):
             device, scratch = max(device, index), True
+        elif func is _INDEX and device == CPU:  # `host_table[gpu_ids]`: the meta function's check (pytorch#69607)
+            raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
         elif func is torch.ops.aten.copy_.default:
             continue
         else:
@@ -139,7 +144,9 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
     return device, scratch
 
 
-# CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put).
+# CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put); a CPU
+# tensor takes no GPU index tensors.
+_INDEX = torch.ops.aten.index.Tensor
 _HOST_INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                    torch.ops.aten._index_put_impl_.default}
 
@@ -295,8 +302,8 @@ def run_kernel(emu, func, args, kwargs):
         sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
-    if info.blas_name is not None and device is not None and device != CPU:
-        blas_dtypes.check(info.blas_name, un_args)
+    if info.gpu_check is not None and device is not None and device != CPU:
+        info.gpu_check(un_args)
     try:
         out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:

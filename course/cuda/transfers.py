@@ -120,6 +120,7 @@ def _shared_links(emu, route: list[tuple], nbytes: int, alone_ns: int, rate: flo
 def _peer_duration(emu, src: int, dst: int, nbytes: int):
     if emu.machine is None:
         return costs.copy_ns(emu.link, nbytes, pinned=True)
+    src, dst = emu.visible_devices()[src], emu.visible_devices()[dst]  # the machine's numbering, for its topology
     alone = costs.peer_copy_ns(emu.machine, emu.link, emu.host_link, src, dst, nbytes)
     route = topology.peer_route(emu.machine, src, dst)
     return _shared_links(emu, route, nbytes, alone, reads_host=topology.reads_host_memory(emu.machine, src, dst))
