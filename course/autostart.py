@@ -14,8 +14,14 @@ from course.cuda import devices
 from course.cuda.emulator import emulate
 from course.cuda.environment import ENV
 
-# The line Python runs at start-up from site-packages/course_emulate.pth: cheap when the variable is unset.
-PTH_LINE = ("import os; os.environ.get('COURSE_EMULATE') and "
+# multiprocessing's resource tracker, a helper Python that every emulated program using a multiprocessing lock or
+# queue (mp.spawn, torchrun, DataLoader workers) starts with the variable set: it runs no user code, and importing
+# the course there (torch with it) cost ~1.6 CPU s per program for nothing.
+RESOURCE_TRACKER = "from multiprocessing.resource_tracker import"
+# The line Python runs at start-up from site-packages/course_emulate.pth: cheap when the variable is unset or
+# the process is the resource tracker (told by its command line, `-c "from multiprocessing.resource_tracker ..."`).
+PTH_LINE = ("import os, sys; os.environ.get('COURSE_EMULATE') and "
+            f"not ''.join(sys.orig_argv[-1:]).startswith({RESOURCE_TRACKER!r}) and "
             "__import__('course.autostart').autostart.start_from_env()\n")
 
 
