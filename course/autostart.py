@@ -3,7 +3,7 @@
 A running emulator publishes its machine in the COURSE_EMULATE environment variable. Every Python of the
 course's environment reads it at start-up (course_emulate.pth, installed by `make setup`) and, when it
 is set, starts the same emulated machine before any user code runs, so a worker's `torch.cuda` sees the
-same GPUs as its parent's.
+same GPUs as its parent's (all but multiprocessing's resource tracker, which runs no user code).
 """
 from __future__ import annotations
 
