@@ -14,9 +14,9 @@ from course.cuda import devices
 from course.cuda.emulator import emulate
 from course.cuda.environment import ENV
 
-# multiprocessing's resource tracker, a helper Python that every emulated program using a multiprocessing lock or
-# queue (mp.spawn, torchrun, DataLoader workers) starts with the variable set: it runs no user code, and importing
-# the course there (torch with it) cost ~1.6 CPU s per program for nothing.
+# multiprocessing's resource tracker, a helper Python that an emulated program starts with the variable set as soon
+# as it makes a lock or queue in the spawn context (mp.spawn does): it runs no user code, and importing the course
+# there (torch with it) cost ~1.7 CPU s per program for nothing.
 RESOURCE_TRACKER = "from multiprocessing.resource_tracker import"
 # The line Python runs at start-up from site-packages/course_emulate.pth: cheap when the variable is unset or
 # the process is the resource tracker (told by its command line, `-c "from multiprocessing.resource_tracker ..."`).

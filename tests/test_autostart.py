@@ -39,8 +39,8 @@ def _start_up_as(command_line: list[str], published: str) -> dict:
 
 
 def test_the_resource_tracker_skips_the_emulator_and_a_spawned_worker_starts_it():
-    """mp.spawn, torchrun and DataLoader workers start multiprocessing's resource tracker: it runs no user code, so
-    it imports neither the course nor torch; a spawned worker, given the same published machine, emulates it."""
+    """mp.spawn starts multiprocessing's resource tracker: it runs no user code, so it imports neither the course
+    nor torch; a spawned worker, given the same published machine, emulates it."""
     with course.emulate(gpus=4, materialize=False):
         published = os.environ[autostart.ENV]
     tracker = _tracker_command_line()
