@@ -35,7 +35,8 @@ if __name__ == "__main__":
     model = nn.Linear(10, 3).to(device)
     model.share_memory()
     before = model.weight.detach().clone()
-    queue, done = context.Queue(), context.Queue()
+    # SimpleQueue: a Queue's feeder thread, forked while it holds a lock, can leave the forked worker blocked on it.
+    queue, done = context.SimpleQueue(), context.SimpleQueue()
     shared = torch.arange(4.0, device=device)
     queue.put(shared)
     exit_codes = []
