@@ -47,6 +47,15 @@ for shared in (os.environ["IPYTHONDIR"], os.path.dirname(os.environ["JUPYTER_RUN
         print("wrote into", shared)
     except PermissionError:
         pass
+import threading
+def vm_mb(): return int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) >> 10
+before, barrier, held = vm_mb(), threading.Barrier(9), []
+def allocate():  # a 100 kB block comes from the thread's malloc arena (rank threads do this)
+    held.append(bytearray(100_000)); barrier.wait(); barrier.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+barrier.wait(); print("8 threads take", vm_mb() - before, "MB of address space"); barrier.wait()
+for t in threads: t.join()
 written = 0
 try:
     for i in range(40):  # 40 x 64 MB: far beyond the quota
@@ -95,6 +104,9 @@ def test_a_submission_leaves_nothing_for_the_next(tmp_path):
     assert "wrote into" not in seen, seen
     full = re.search(r"disk full after (\d+) MB: No space left on device", seen)
     assert full and int(full.group(1)) <= sandbox.LIMITS["tmp_mb"], seen
+    # the cap counts address space: each thread's own malloc arena would reserve 64 MB of it (576 MB here)
+    taken = re.search(r"8 threads take (\d+) MB of address space", seen)
+    assert taken and int(taken.group(1)) <= 200, seen
     assert "capabilities 0000000000000000" in seen and "zygote fds hidden" in seen, seen
     if os.geteuid() == 0:
         assert f"uid {sandbox.UID_BASE} " in seen, seen

@@ -68,7 +68,10 @@ def _kernel_env(slot_dir: Path) -> dict:
             "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / ".mpl"),
             "GRADER_GUARD": str(slot_dir / "guard" / "guard.json"), "OMP_NUM_THREADS": "1",
             "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "JUPYTER_RUNTIME_DIR": str(slot_dir / "kernel"),
-            "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            # The memory cap limits address space, and glibc reserves 64 MiB of it for each thread's malloc arena:
+            # chapter 8's rank threads reached 2.5 of the 3 GiB, and a kernel died of it in CI. Two arenas: 1.6 GiB.
+            "MALLOC_ARENA_MAX": "2"}
 
 
 def command(slot_dir: Path, slot: int, limits: dict = LIMITS) -> list[str]:
