@@ -320,12 +320,29 @@ def test_export_of_a_gpu_model_gives_the_host_graph_and_runs_on_the_gpu(emu):
     assert torch.export.export(host_model, (host_x,)).module()(host_x).device == torch.device("cpu")
 
 
-def test_dlpack_of_gpu_tensors_is_refused_by_name(emu):
-    x = torch.ones(1, 2, device="cuda")
-    for export in (torch.utils.dlpack.to_dlpack, torch.from_dlpack, lambda t: t.__dlpack__()):
-        with pytest.raises(RuntimeError, match="DLPack export of a tensor on an emulated GPU"):
-            export(x)
+def test_dlpack_capsules_of_gpu_tensors_are_refused_by_name_torch_to_torch_shares(emu):
+    """A capsule of a GPU tensor would hand its consumer host memory: refused. torch.from_dlpack of a torch GPU
+    tensor is, as on a GPU, a tensor on the same device over the same memory, outside autograd, after PyTorch's
+    own refusals (a tensor that requires grad, one on another GPU than the current one)."""
+    x = torch.ones(1, 2, device="cuda:1", requires_grad=True)
+    with torch.cuda.device(1):
+        for export in (torch.utils.dlpack.to_dlpack, lambda t: t.__dlpack__(),
+                       lambda t: torch.from_dlpack(t, copy=True)):
+            with pytest.raises(RuntimeError, match="DLPack export of a tensor on an emulated GPU"):
+                export(x.detach())
+        before = torch.cuda.memory_allocated(1)
+        for exchange in (torch.from_dlpack, torch.utils.dlpack.from_dlpack):
+            with pytest.raises(BufferError, match="Can't export tensors that require gradient, use tensor.detach()"):
+                exchange(x)
+            shared = exchange(x.detach())
+            assert (shared.device, shared.requires_grad, shared.data_ptr()) == (x.device, False, x.data_ptr())
+            shared.add_(1)
+        assert x.tolist() == [[3.0, 3.0]] and torch.cuda.memory_allocated(1) == before
+    with pytest.raises(BufferError, match="Can't export tensors on a different CUDA device index. Expected: 1. "
+                                          "Current device: 0."):
+        torch.from_dlpack(x.detach())
     assert torch.from_dlpack(torch.ones(2)).sum().item() == 2.0
+    assert torch.from_dlpack(torch.utils.dlpack.to_dlpack(torch.ones(2))).device == torch.device("cpu")
 
 
 def test_strided_nested_tensors_on_a_gpu_are_refused_by_name(emu):

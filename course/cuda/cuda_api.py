@@ -448,7 +448,7 @@ def _fake_of(self, fake_mode, t, *args, **kwargs):
 
 
 def _host_only_dlpack(to_dlpack):
-    """DLPack export (`to_dlpack`, `__dlpack__`, `torch.from_dlpack(gpu_tensor)`) of an emulated GPU tensor: refused,
+    """DLPack export (`to_dlpack`, `__dlpack__`) of an emulated GPU tensor to a capsule: refused,
     naming it. PyTorch's C++ would read the wrapper's storage, which holds nothing, and crash the process; a capsule
     of the CPU values inside would tell the consumer (NumPy, CuPy, JAX) the wrong device."""
 
@@ -461,10 +461,36 @@ def _host_only_dlpack(to_dlpack):
     return refusing
 
 
+def _torch_to_torch_dlpack(from_dlpack):
+    """`torch.from_dlpack(gpu_tensor)`: for a torch tensor, PyTorch's exchange gives a tensor on the same device over
+    the same memory, outside autograd, which `detach()` is, after `Tensor.__dlpack__`'s own refusals (torch/_tensor.py).
+    With `device=` or `copy=`, a capsule, or another library's array, it goes on as before (GPU capsules: refused)."""
+
+    @functools.wraps(from_dlpack)
+    def exchanging(ext_tensor, *args, **kwargs):
+        if not (isinstance(ext_tensor, torch.Tensor) and ext_tensor.is_cuda) or args or \
+                any(value is not None for value in kwargs.values()):
+            return from_dlpack(ext_tensor, *args, **kwargs)
+        if ext_tensor.requires_grad:
+            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+        if ext_tensor.is_conj():
+            raise BufferError("Can't export tensors with the conjugate bit set")
+        if ext_tensor.layout != torch.strided:
+            raise BufferError("Can't export tensors with layout other than torch.strided")
+        if ext_tensor.device.index != torch.cuda.current_device():
+            raise BufferError(f"Can't export tensors on a different CUDA device index. Expected: "
+                              f"{ext_tensor.device.index}. Current device: {torch.cuda.current_device()}.")
+        return ext_tensor.detach()
+
+    return exchanging
+
+
 DLPACK_PATCHES = [(torch._C, {name: _host_only_dlpack(getattr(torch._C, name))
                               for name in ("_to_dlpack", "_to_dlpack_versioned")}),
-                  (torch.utils.dlpack, {"to_dlpack": _host_only_dlpack(torch.utils.dlpack.to_dlpack)}),
-                  (torch, {"to_dlpack": _host_only_dlpack(torch.to_dlpack)})]
+                  (torch.utils.dlpack, {"to_dlpack": _host_only_dlpack(torch.utils.dlpack.to_dlpack),
+                                        "from_dlpack": _torch_to_torch_dlpack(torch.utils.dlpack.from_dlpack)}),
+                  (torch, {"to_dlpack": _host_only_dlpack(torch.to_dlpack),
+                           "from_dlpack": _torch_to_torch_dlpack(torch.from_dlpack)})]
 
 
 def _host_only_nested(make):
