@@ -19,16 +19,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu", default="A100-80GB", choices=sorted(GPUS), help="GPU preset")
     parser.add_argument("--link", default="nvlink3", choices=sorted(LINKS), help="GPU-to-GPU link preset")
     parser.add_argument("--host-link", default="pcie4", choices=sorted(LINKS), help="host-to-GPU link preset")
-    parser.add_argument("-m", dest="module", help="run a module as a script, like python -m")
+    # Like python's own -m, everything after the module's name is its arguments (`-m pytest -q test_x.py`).
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                        help="run a module as a script, like python -m; the arguments after it are its own")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
     args = parser.parse_args(argv)
-    if not args.module and not args.program:
+    if not args.module and not args.program:  # `-m` with no module name gives []
         parser.error("name a script to run (or -m module)")
     emu = emulate(gpus=args.gpus, gpu=args.gpu, link=args.link, host_link=args.host_link, force=True).start()
     try:
         if args.module:
-            sys.argv = [args.module] + args.program
-            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+            sys.argv = list(args.module)
+            runpy.run_module(args.module[0], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(args.program)
             runpy.run_path(args.program[0], run_name="__main__")
