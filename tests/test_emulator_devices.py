@@ -126,6 +126,31 @@ def test_gpu_parameter_given_host_values_becomes_a_host_tensor_and_back(emu):
     assert param.device == torch.device("cuda:1") and param.sum().item() == 15.0
 
 
+def test_module_moves_to_a_gpu_while_a_cpu_forward_output_is_alive(emu):
+    """`expected = model(x); model.cuda()`, as tests compute their reference first: autograd still holds the CPU
+    parameters LayerNorm saved, so the move goes by `param.data = ...`, which was refused here and runs on a GPU.
+    The parameters keep their identity (the optimizer's), values and memory count; the old graph refuses a backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.LayerNorm(8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 8)
+    expected = model(x)
+    before = torch.cuda.memory_allocated(0)
+    model.cuda()
+    params = list(model.parameters())
+    assert [id(p) for p in params] == [id(p) for p in optimizer.param_groups[0]["params"]]
+    assert all(isinstance(p, nn.Parameter) and p.is_leaf and p.requires_grad and p.device.index == 0 for p in params)
+    moved_with_graph = torch.cuda.memory_allocated(0) - before
+    twin = copy.deepcopy(model).cuda(1)  # the same move with no graph holding the parameters
+    assert moved_with_graph == torch.cuda.memory_allocated(1) > 0 and twin[0].weight.device.index == 1
+    out = model(x.cuda())
+    torch.testing.assert_close(out.cpu(), expected)
+    out.sum().backward()
+    assert all(p.grad.device.index == 0 for p in params)
+    with pytest.raises(RuntimeError, match="since moved to an emulated GPU"):
+        expected.sum().backward()
+
+
 def test_state_dict_save_load_and_deepcopy(emu, tmp_path):
     model = nn.Linear(4, 2).to("cuda:1")
     path = tmp_path / "model.pt"

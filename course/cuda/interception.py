@@ -287,6 +287,9 @@ def _set_data(self, new):
     CPU) stays an emulated tensor, on the host. The other way the Python class would have to change: not modelled."""
     if isinstance(self, EmulatedTensor) and type(new) is torch.Tensor and new.device.type == "cpu":
         new = wrap(new, CPU, None)
+    if isinstance(new, EmulatedTensor) and type(self) in (torch.Tensor, torch.nn.Parameter) and self.is_leaf \
+            and self.grad is None:
+        return _take_gpu_tensor(self, new)
     if isinstance(self, EmulatedTensor) != isinstance(new, EmulatedTensor):
         raise RuntimeError(f"`tensor.data = other` with `tensor` on {self.device} and `other` on {new.device} is not "
                            "modelled by the GPU emulator (course.emulate): move `other` to the tensor's device "
@@ -295,6 +298,28 @@ def _set_data(self, new):
         torch.Tensor.data.__set__(self, new)
     if isinstance(self, EmulatedTensor):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
+
+
+def _take_gpu_tensor(host, gpu):
+    """`host_tensor.data = gpu_tensor`, which `model.to("cuda")` runs when autograd still holds a parameter (a CPU
+    forward pass's output alive, as tests keep their reference output): the tensor's Python object, which optimizers
+    and modules hold, becomes the GPU tensor, as torch.utils.swap_tensors makes it. The pending graph keeps the host
+    values it saved; a backward through it raises, as swap_tensors makes it (on a GPU it would mix devices)."""
+    moved = gpu.detach().requires_grad_(host.requires_grad)
+    if type(host) is torch.nn.Parameter:
+        moved._is_param = True
+    if host.requires_grad:
+        torch.autograd.graph.get_gradient_edge(host).node.register_prehook(_moved_to_gpu_hook)
+    for name in ("__class__", "__dict__"):
+        held = getattr(host, name)
+        setattr(host, name, getattr(moved, name))
+        setattr(moved, name, held)
+    torch._C._swap_tensor_impl(host, moved)
+
+
+def _moved_to_gpu_hook(grad_outputs):
+    raise RuntimeError("Trying to backward through a graph whose CPU parameter was since moved to an emulated GPU "
+                       "with `.to()`/`.data =`: run backward before moving the module, or run forward again after.")
 
 
 def on_gradient_device(gradient, tensor):
