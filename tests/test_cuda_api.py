@@ -883,10 +883,12 @@ def _branch_on_the_build() -> str:
 
 def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
     cpu_build = (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
-                 torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags())
-    assert cpu_build == (None, None, False, [], "")
+                 torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags(),
+                 torch.backends.cuda.is_flash_attention_available())
+    assert cpu_build == (None, None, False, [], "", False)
     with course.emulate(gpus=2, gpu="H100"):
         assert torch.version.cuda == "12.6"
+        assert torch.backends.cuda.is_flash_attention_available() is True  # USE_FLASH_ATTENTION, on in Linux CUDA builds
         assert torch.backends.cudnn.version() == 91002 and torch.backends.cudnn.is_available()
         assert torch.cuda.get_arch_list() == ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
         assert "-gencode compute=compute_90,code=sm_90" in torch.cuda.get_gencode_flags()
@@ -897,7 +899,8 @@ def test_the_build_reports_cuda_cudnn_and_arch_while_emulating_and_none_after():
         with torch.backends.cudnn.flags(enabled=False):  # as torch.export enters it: no CUDA-only binding read
             assert not torch.backends.cudnn.is_acceptable(torch.ones(2, device="cuda"))
     assert (torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cudnn.is_available(),
-            torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags()) == cpu_build
+            torch.cuda.get_arch_list(), torch.cuda.get_gencode_flags(),
+            torch.backends.cuda.is_flash_attention_available()) == cpu_build
     assert _branch_on_the_build() == "cpu build"
 
 

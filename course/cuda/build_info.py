@@ -22,6 +22,10 @@ GPU (cuDNN on, x a float16/32/64 GPU tensor): a CPU build's answer made nn.LSTM'
 was compiled without cuDNN" for every model moved to a GPU. Past that check it asks
 `torch._use_cudnn_rnn_flatten_weight()`, which stays False on this build, so it still does nothing.
 
+`torch.backends.cuda.is_flash_attention_available()` is True, as on every Linux CUDA build: PyTorch's CMakeLists.txt
+turns USE_FLASH_ATTENTION on for "USE_CUDA OR USE_ROCM;NOT MSVC". A CPU build's False told programs and test suites
+(which pick `SDPBackend.FLASH_ATTENTION` by it) that the A100 they see has no flash kernel.
+
 `torch.backends.cuda.is_built()` (and its deprecated alias `torch.has_cuda`) answers True to the program: scripts pick
 their device with `torch.cuda.is_available() and torch.backends.cuda.is_built()`, and a CPU build's False sent them to
 the CPU, silently, with nothing on the emulated GPUs. PyTorch's own modules keep the CPU build's False, because each one
@@ -72,5 +76,5 @@ PATCHES = [(torch.version, {"cuda": CUDA_VERSION}),
                                          "is_available": staticmethod(lambda: True),
                                          "is_acceptable": staticmethod(is_acceptable)}),
            (torch.cuda, {"get_arch_list": get_arch_list}),
-           (torch.backends.cuda, {"is_built": is_built}),
+           (torch.backends.cuda, {"is_built": is_built, "is_flash_attention_available": lambda: True}),
            (torch, {"_deprecated_attrs": {**torch._deprecated_attrs, "has_cuda": is_built}})]
