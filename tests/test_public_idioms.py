@@ -817,6 +817,40 @@ def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
     assert torch._int_mm(a[:8], b).shape == (8, 16)  # the CPU kernel takes it
 
 
+def test_cudnn_convolutions_compute_and_cost_as_the_convolutions_they_are(emu):
+    """torch.cudnn_convolution(_transpose) (on CUDA autocast's lower-precision list, called directly by some programs)
+    has no CPU kernel: on emulated GPUs it gives conv2d's values and gradients, autocasts to float16, and is timed as
+    the same convolution, where it was refused as an op the emulator does not model."""
+    x, w, wt = torch.randn(2, 4, 9, 9, dtype=torch.double), torch.randn(6, 2, 3, 3, dtype=torch.double), \
+        torch.randn(4, 3, 3, 3, dtype=torch.double)
+    xg, wg = x.cuda().requires_grad_(), w.cuda().requires_grad_()
+    out = torch.cudnn_convolution(xg, wg, (1, 1), (2, 2), (1, 1), 2, False, True, True)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = torch.nn.functional.conv2d(xr, wr, None, (2, 2), (1, 1), (1, 1), 2)
+    torch.testing.assert_close(out.cpu(), ref)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close((xg.grad.cpu(), wg.grad.cpu()), (xr.grad, wr.grad))
+    up = torch.cudnn_convolution_transpose(x.cuda(), wt.cuda(), (1, 1), (1, 1), (2, 2), (1, 1), 1, False, True, True)
+    torch.testing.assert_close(up.cpu(), torch.nn.functional.conv_transpose2d(x, wt, None, (2, 2), (1, 1), (1, 1), 1))
+    with torch.autocast("cuda"):
+        assert torch.cudnn_convolution(x.float().cuda(), w.float().cuda(), (0, 0), (1, 1), (1, 1), 2, False, True,
+                                       True).dtype == torch.float16
+    for direct, conv in [(lambda: torch.cudnn_convolution(x.cuda(), w.cuda(), (1, 1), (1, 1), (1, 1), 2, True, True,
+                                                          True),
+                          lambda: torch.nn.functional.conv2d(x.cuda(), w.cuda(), None, 1, 1, 1, 2)),
+                         (lambda: torch.cudnn_convolution_transpose(x.cuda(), wt.cuda(), (1, 1), (1, 1), (2, 2), (1, 1),
+                                                                    1, False, True, True),
+                          lambda: torch.nn.functional.conv_transpose2d(x.cuda(), wt.cuda(), None, 2, 1, 1, 1))]:
+        durations = []
+        for run in (direct, conv):
+            torch.cuda.synchronize()
+            before = len(emu.trace)
+            run()
+            durations.append([e.duration_ns for e in emu.trace[before:] if e.kind == "kernel"][-1])
+        assert durations[0] == durations[1] > 0
+
+
 def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
     """torch.library: a GPU runs the op's CUDA kernel; with CPU and CUDA kernels that differ, the CPU one must not
     stand in silently, and an op with a CUDA kernel only must run. Its ops run (and are timed) on the GPU."""

@@ -123,7 +123,21 @@ def int_mm(mat1, mat2):
     return aten._int_mm.default(mat1, mat2)
 
 
+def cudnn_convolution(x, weight, padding, stride, dilation, groups, benchmark, deterministic, allow_tf32):
+    """cuDNN's convolution without bias, which PyTorch's CUDA autocast lists and some programs call directly: the
+    convolution every backend computes (aten/src/ATen/native/cudnn/ConvShared.cpp); TF32 is timed, not applied."""
+    return aten.convolution.default(x, weight, None, stride, padding, dilation, False, [0] * len(padding), groups)
+
+
+def cudnn_convolution_transpose(x, weight, padding, output_padding, stride, dilation, groups, benchmark, deterministic,
+                                allow_tf32):
+    """cuDNN's transposed convolution without bias, the same way."""
+    return aten.convolution.default(x, weight, None, stride, padding, dilation, True, output_padding, groups)
+
+
 KERNELS = {
+    aten.cudnn_convolution.default: cudnn_convolution,
+    aten.cudnn_convolution_transpose.default: cudnn_convolution_transpose,
     aten.batch_norm_stats.default: batch_norm_stats,
     aten.batch_norm_gather_stats.default: batch_norm_gather_stats,
     aten.batch_norm_gather_stats_with_counts.default: batch_norm_gather_stats_with_counts,

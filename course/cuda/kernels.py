@@ -63,7 +63,8 @@ class _OpInfo:
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
         self.tensor_cores = costs.uses_tensor_cores(func)
         self.cudnn = func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten._convolution,
-                                              torch.ops.aten.convolution_backward)
+                                              torch.ops.aten.convolution_backward, torch.ops.aten.cudnn_convolution,
+                                              torch.ops.aten.cudnn_convolution_transpose)
         # These write their first argument without reading it: it is not memory traffic in.
         self.overwrites_first = func._overloadpacket in _OVERWRITING_OPS
         # What runs it: the C++ operator itself (an OpOverload's __call__ only forwards to it), or a CUDA-only op

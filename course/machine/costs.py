@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_STREAM_EFFICIENCY, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_GRAPH_LAUNCH_US, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, STAGED_COPY_STALL_NS_PER_BYTE, GPU, Link, Machine)
@@ -31,6 +31,11 @@ _FLOP_FORMULAS = {
     # FlopCounterMode counts float ops only and leaves out torch._int_mm; an int8 GEMM does 2mnk integer ops all the
     # same, which the datasheets' INT8 TOPS count.
     aten._int_mm: flop_registry[aten.mm],
+    # cuDNN's own convolution ops take (input, weight, padding, ...): the registry reads cudnn_convolution's arguments
+    # as convolution's, its `benchmark` flag as `transposed`, and has no entry for the transposed one.
+    aten.cudnn_convolution: lambda x, w, *args, out_val, **kwargs: conv_flop_count(x.shape, w.shape, out_val.shape),
+    aten.cudnn_convolution_transpose: lambda x, w, *args, out_val, **kwargs: conv_flop_count(
+        x.shape, w.shape, out_val.shape, transposed=True),
 }
 
 # Every op with a FLOP formula is a matmul, convolution or attention; add the composite entry points.
