@@ -276,6 +276,29 @@ def test_cuda_generator(emu):
     assert copied.device == g.device and torch.equal(copied.get_state(), g.get_state())
 
 
+def test_a_generator_of_the_other_device_type_is_refused_as_aten_refuses_it(emu):
+    """A CPU generator for a GPU draw, or a CUDA one for a CPU draw, stops a GPU box with `check_generator`'s words;
+    here the CUDA generator is a CPU one underneath, and the CPU kernels took both silently. The default generators
+    `torch.cuda.default_generators` holds (the CPU's, course/cuda/rng.py) stay usable on the GPU."""
+    cpu_gen, cuda_gen = torch.Generator().manual_seed(0), torch.Generator(device="cuda").manual_seed(0)
+    on_gpu = torch.ones(3, device="cuda")
+    wants_cuda = "Expected a 'cuda' device type for generator but found 'cpu'"
+    wants_cpu = "Expected a 'cpu' device type for generator but found 'cuda'"
+    for draw in (lambda: torch.randn(2, device="cuda", generator=cpu_gen),
+                 lambda: torch.randperm(4, device=1, generator=cpu_gen),
+                 lambda: torch.multinomial(on_gpu, 1, generator=cpu_gen),
+                 lambda: on_gpu.clone().normal_(generator=cpu_gen),
+                 lambda: torch.nn.init.uniform_(torch.empty(2, device="cuda"), generator=cpu_gen)):
+        with pytest.raises(RuntimeError, match=wants_cuda):
+            draw()
+    for draw in (lambda: torch.randn(2, generator=cuda_gen), lambda: torch.bernoulli(on_gpu.cpu() / 2, generator=cuda_gen)):
+        with pytest.raises(RuntimeError, match=wants_cpu):
+            draw()
+    assert torch.multinomial(on_gpu, 2, generator=cuda_gen).device.type == "cuda"
+    assert torch.randn(2, device="cuda", generator=torch.cuda.default_generators[0]).device.type == "cuda"
+    assert torch.randn(2, generator=cpu_gen).device.type == "cpu"
+
+
 def test_generator_and_seeds_are_restored_after_the_emulator():
     with course.emulate(gpus=2):
         pass

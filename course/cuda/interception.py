@@ -487,8 +487,30 @@ def _names_host(device) -> bool:
     return isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
 
 
+def _check_generator(func, args, kwargs, generator):
+    """A generator of the wrong device type, refused with the words of ATen's `check_generator`, as a GPU box refuses
+    it: the CUDA generator here is a CPU one underneath, which the CPU kernels would take either way. The CPU
+    generator that `torch.cuda.default_generators` holds here (course/cuda/rng.py) stands for a CUDA one."""
+    if any(generator is d for d in torch.cuda.default_generators):
+        return
+    device = kwargs.get("device")
+    if device is None and func in torch.utils._device._device_constructors():
+        device = _default_device()
+    if device is not None:
+        want = "cuda" if isinstance(device, int) else torch.device(device).type
+    else:
+        # the tensor drawn into or from: the first argument, or a keyword one (`nn.init.normal_(tensor=...)`)
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        want = "cpu" if first is None else first.device.type
+    if want in ("cpu", "cuda") and generator.device.type in ("cpu", "cuda") and generator.device.type != want:
+        raise RuntimeError(f"Expected a '{want}' device type for generator but found '{generator.device.type}'")
+
+
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
+    generator = kwargs.get("generator")
+    if generator is not None:
+        _check_generator(func, args, kwargs, generator)
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
     elif func in _FROM_HOST_DATA and args and isinstance(args[0], EmulatedTensor) and _names_host(kwargs.get("device")):
