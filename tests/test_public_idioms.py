@@ -921,6 +921,40 @@ def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
         torch.testing.assert_close(got.cpu(), want)
 
 
+def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
+    """`sdpa_kernel(SDPBackend.FLASH_ATTENTION)` with float32 inputs or a mask, or on a V100, stops a GPU with "No
+    available kernel" after warning why each backend refused (sdp_utils.cpp); the emulator's CPU kernels took them.
+    What a fused kernel takes still runs, with the CPU's values; autocast's cast comes before the choice."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    flash, efficient = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
+    torch.manual_seed(0)
+    q32 = torch.randn(2, 4, 16, 64)
+    with course.emulate(gpus=1):
+        q, q16 = q32.cuda(), q32.half().cuda()
+        refused = [([flash], q, {}, "Expected query, key and value to all be of dtype: {Half, BFloat16}"),
+                   ([flash], q16, {"attn_mask": torch.ones(16, 16, dtype=torch.bool, device="cuda")},
+                    "Flash Attention does not support non-null attn_mask."),
+                   ([efficient], q[..., :6].contiguous(), {}, "divisible by 4"),
+                   ([SDPBackend.CUDNN_ATTENTION], q, {}, "Expected query, key and value")]
+        for backends, query, kwargs, reason in refused:
+            with sdpa_kernel(backends), warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                with pytest.raises(RuntimeError, match="No available kernel. Aborting execution."):
+                    torch.nn.functional.scaled_dot_product_attention(query, query, query, **kwargs)
+            assert any(reason in str(w.message) for w in said), [str(w.message) for w in said]
+        want = torch.nn.functional.scaled_dot_product_attention(q32, q32, q32, is_causal=True)
+        for backends, query in (([flash], q16), ([efficient], q), ([flash, efficient], q)):
+            with sdpa_kernel(backends):
+                got = torch.nn.functional.scaled_dot_product_attention(query, query, query, is_causal=True)
+            torch.testing.assert_close(got.float().cpu(), want, atol=1e-2, rtol=1e-2)
+        with sdpa_kernel([flash]), torch.autocast("cuda", dtype=torch.bfloat16):
+            assert torch.nn.functional.scaled_dot_product_attention(q, q, q).dtype == torch.bfloat16
+    with course.emulate(gpus=1, gpu="V100"), sdpa_kernel([flash]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="No available kernel"):
+            torch.nn.functional.scaled_dot_product_attention(*(q32.half().cuda(),) * 3)
+
+
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
     """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
     synchronize and nonzero or boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain

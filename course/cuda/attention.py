@@ -14,9 +14,9 @@ from torch._higher_order_ops.flex_attention import flex_attention_backward as fl
 from torch._higher_order_ops.flex_attention import sdpa_dense, sdpa_dense_backward
 from torch.nested._internal.nested_tensor import NestedTensor, nested_view_from_values_offsets_lengths
 
-from course.cuda import autocast
+from course.cuda import autocast, sdpa_backends
 from course.cuda.cuda_bindings import not_modelled
-from course.cuda.devices import CPU, EmulatedTensor
+from course.cuda.devices import CPU, EmulatedTensor, current_emulator
 
 aten = torch.ops.aten
 
@@ -80,6 +80,9 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     Dropout (the CPU fused op has none), nested tensors and a math-only backend take PyTorch's path.
     """
     on_gpu = _on_emulated_gpu(query, key, value)
+    if on_gpu and not query.is_nested and query.dim() == 4:  # stops where a GPU finds no kernel (math turned off)
+        sdpa_backends.check(current_emulator("F.scaled_dot_product_attention").gpu.compute_capability, query, key,
+                            value, attn_mask, dropout_p, is_causal)
     if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
                                                                                 -float("inf"))

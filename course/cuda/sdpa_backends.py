@@ -1,0 +1,132 @@
+"""Which of CUDA's SDPA kernels would take a call, when a program turns the math fallback off.
+
+With `torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)` (or `torch.backends.cuda.enable_math_sdp(False)`),
+a GPU runs `F.scaled_dot_product_attention` only if an enabled fused kernel accepts its inputs; otherwise it warns
+why each one refused and stops with "No available kernel. Aborting execution." The emulator computes attention with
+CPU kernels that take anything, so without this a program that stops on a GPU (float32 into flash attention, a mask
+into flash attention) ran here. The checks are those of `select_sdp_backend` in
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp for dense 4-D inputs, with its warnings' words; cuDNN's layout
+and stride checks are left out, so cuDNN attention is taken a little more often than on a GPU, never less.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _in_range(cc, low, high) -> bool:
+    return low <= cc <= high
+
+
+def _head_dims(query, key, value):
+    return query.shape[-1], key.shape[-1], value.shape[-1]
+
+
+def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal) -> str | None:
+    dq, dk, dv = _head_dims(query, key, value)
+    if attn_mask is not None:
+        return "Flash Attention does not support non-null attn_mask."
+    if not (dq == dk == dv and dq <= 256):
+        return ("Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. "
+                f"Got Query.size(-1): {dq}, Key.size(-1): {dk}, Value.size(-1): {dv} instead.")
+    if not _in_range(cc, (8, 0), (12, 1)):
+        return ("Flash attention only supports gpu architectures in the range [sm80, sm121]. Attempting to run on a "
+                f"sm {cc[0]}.{cc[1]} gpu.")
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if grad and (_in_range(cc, (8, 6), (8, 9)) or _in_range(cc, (12, 0), (12, 1))) and not (
+            dq <= 192 or (dropout_p == 0 and dq > 224)):
+        return ("Flash attention currently doesn't support training with head_dim ∈ (192, 224] or (head_dim ∈ (224, "
+                "256] and dropout > 0.0) on gpu architectures in the range[sm86, sm89].")
+    if is_causal and query.shape[-2] != key.shape[-2]:
+        return (f"Flash attention does not support the is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: "
+                f"{query.shape[-2]} seqlen_k: {key.shape[-2]}.")
+    allowed = LOW_PRECISION if cc >= (8, 0) else (torch.float16,)
+    return _dtype_refusal(dtypes, allowed)
+
+
+def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
+    if not _in_range(cc, (5, 0), (12, 1)):
+        return ("Mem Efficient Attention only supports gpu architectures in the range [sm50, sm121]. Attempting to "
+                f"run on a sm {cc[0]}.{cc[1]} gpu.")
+    dq, dk, dv = _head_dims(query, key, value)
+    half = dtypes[0] in LOW_PRECISION
+    tensor_cores = cc >= (8, 0) or (cc >= (7, 0) and half)
+    alignment = max(4 if cc >= (8, 0) else 1, (8 if half else 4) if tensor_cores else 1)  # minimum_gemm_alignment
+    if not (dq == dk and dq % alignment == 0 and dq > 0 and dv % alignment == 0 and dv > 0):
+        return (f"Mem efficient attention requires last dimension of inputs to be divisible by {alignment}. Got "
+                f"Query.size(-1): {dq}, Key.size(-1): {dk}, Value.size(-1): {dv} instead.")
+    if cc >= (8, 0) and any(t.storage_offset() % alignment for t in (query, key, value) if t.numel()):
+        return ("Mem efficient attention on sm80 or newer requires q, k, and v storage offsets * element_size to be "
+                f"aligned to {alignment * torch.finfo(dtypes[0]).bits // 8} bytes.")
+    allowed = (torch.float16, torch.float32, torch.bfloat16) if cc >= (8, 0) else (torch.float16, torch.float32)
+    return _dtype_refusal(dtypes, allowed)
+
+
+def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p) -> str | None:
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        return "cuDNN SDPA is not deterministic."
+    refused = _dtype_refusal(dtypes, LOW_PRECISION)
+    if refused:
+        return refused
+    if not _in_range(cc, (8, 0), (12, 1)):
+        return (f"cuDNN MHA only supports gpu architectures in the range [sm80, sm121]. Attempting to run on a sm "
+                f"{cc[0]}.{cc[1]} gpu.")
+    if dropout_p * 16.0 != int(dropout_p * 16.0):
+        return "cuDNN dropout probability resolution is limited to 1/16."
+    dq, _, dv = _head_dims(query, key, value)
+    limit = 192 if cc == (9, 0) and (dq, dv) == (192, 128) else 128  # cuDNN 9.10 (build_info.CUDNN_VERSION)
+    if dq > limit or dv > limit:
+        return f"head_dim should be no more than {limit}"
+    if dq % 8 or dv % 8:
+        return "head_dim should be a multiple of 8"
+    if key.shape[-2] == 1:
+        return "cudnn SDPA does not support key/value sequence length 1."
+    return None
+
+
+def _dtype_refusal(dtypes, allowed) -> str | None:
+    if dtypes[0] in allowed and dtypes[1] == dtypes[2] == dtypes[0]:
+        return None
+    names = ", ".join({torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float"}[d] for d in allowed)
+    return (f"Expected query, key and value to all be of dtype: {{{names}}}. Got Query dtype: {dtypes[0]}, Key "
+            f"dtype: {dtypes[1]}, and Value dtype: {dtypes[2]} instead.")
+
+
+def _dtypes_after_autocast(*tensors) -> tuple:
+    """SDPA is on CUDA autocast's lower-precision list: its kernel is picked for the cast inputs."""
+    if not torch.is_autocast_enabled("cuda"):
+        return tuple(t.dtype for t in tensors)
+    cast = torch.get_autocast_dtype("cuda")
+    return tuple(cast if t.is_floating_point() and t.dtype is not torch.float64 else t.dtype for t in tensors)
+
+
+def check(cc, query, key, value, attn_mask, dropout_p, is_causal) -> None:
+    """Stop as a GPU stops when math attention is off and no enabled fused kernel takes the call (nothing to do
+    while the math fallback is on, PyTorch's default)."""
+    backends = torch.backends.cuda
+    if backends.math_sdp_enabled():
+        return
+    enabled = {"flash": backends.flash_sdp_enabled(), "mem": backends.mem_efficient_sdp_enabled(),
+               "cudnn": backends.cudnn_sdp_enabled()}
+    if not any(enabled.values()):
+        raise RuntimeError("No viable backend for scaled_dot_product_attention was found. This is likely due to "
+                           "turning off both the math kernel and the fused kernels.")
+    dtypes = _dtypes_after_autocast(query, key, value)
+    refusals = {
+        "mem": "Memory Efficient attention has been runtime disabled." if not enabled["mem"] else
+        _mem_efficient_refusal(cc, dtypes, query, key, value),
+        "flash": "Flash attention has been runtime disabled." if not enabled["flash"] else
+        _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal),
+        "cudnn": "CuDNN attention has been runtime disabled." if not enabled["cudnn"] else
+        _cudnn_refusal(cc, dtypes, query, key, value, dropout_p),
+    }
+    if any(reason is None for reason in refusals.values()):
+        return
+    for title, key_ in (("Memory efficient kernel", "mem"), ("Flash attention kernel", "flash"),
+                        ("cuDNN attention kernel", "cudnn")):
+        warnings.warn(f"{title} not used because:", UserWarning, stacklevel=3)
+        warnings.warn(refusals[key_], UserWarning, stacklevel=3)
+    raise RuntimeError("No available kernel. Aborting execution.")
