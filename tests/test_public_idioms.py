@@ -462,6 +462,26 @@ def test_gradients_made_from_sizes_alone_are_on_the_gpu():
         torch.testing.assert_close(mine, theirs)
 
 
+def test_batched_gradients_on_a_gpu_equal_the_cpus():
+    """gradcheck's batched-gradient check (`check_batched_grad=True`, on in PyTorch's OpInfo gradient tests) and
+    `autograd.grad(is_grads_batched=True)` vmap the backward: the batched gradient of a GPU input stopped the
+    emulator ("Batching rule not implemented for aten::detach"), which tried to copy it to the GPU it is already on."""
+    def run(device):
+        torch.manual_seed(0)
+        x = torch.randn(3, 4, dtype=torch.double, device=device, requires_grad=True)
+        sign = torch.randn(3, 4, dtype=torch.double, device=device, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda x: (x @ x.T).tanh(), (x,), check_batched_grad=True)
+        assert torch.autograd.gradgradcheck(torch.copysign, (x, sign), check_batched_grad=True)
+        out = torch.copysign(x, sign).sin()
+        cotangents = torch.randn(2, 3, 4, dtype=torch.double).to(device)
+        return torch.autograd.grad(out, (x, sign), cotangents, is_grads_batched=True)
+    want = run("cpu")
+    with course.emulate(gpus=1):
+        got = run("cuda")
+        assert [g.device.type for g in got] == ["cuda", "cuda"]
+        torch.testing.assert_close([g.cpu() for g in got], list(want))
+
+
 def test_in_place_ops_that_reshape_a_tensor_reshape_the_gpu_tensor():
     """`img.unsqueeze_(0)`, `x.t_()`, `buf.resize_(n)`, `x.set_(y)` give the tensor new sizes, strides or storage: the
     GPU tensor must show them (it kept its old shape over reshaped data), and gradients flow as on the CPU."""

@@ -329,7 +329,7 @@ def on_gradient_device(gradient, tensor):
     sign argument, `sgn`'s, `normal`'s, `repeat` with a zero count: `at::zeros(sizes, options)`), and on a CPU
     build those options name the host. On a GPU that gradient is a GPU tensor, made by a fill kernel."""
     if (gradient is None or isinstance(gradient, EmulatedTensor) or not isinstance(tensor, EmulatedTensor)
-            or tensor._device_index == CPU or gradient.layout is not torch.strided):
+            or tensor._device_index == CPU or gradient.layout is not torch.strided or _batched(gradient)):
         return gradient
     emu, index = current_emulator("gradient"), tensor._device_index
     nbytes = gradient.numel() * gradient.element_size()
@@ -338,6 +338,12 @@ def on_gradient_device(gradient, tensor):
                                       costs.kernel_ns(emu.gpu, 0, nbytes, gradient.dtype, False, False), nbytes=nbytes)
     inner = gradient.detach() if emu.materialize else gradient.detach().to("meta")
     return wrap(inner, index, block)
+
+
+def _batched(gradient) -> bool:
+    """A gradient vmap batches (gradcheck's batched-gradient check, `autograd.grad(is_grads_batched=True)`): its
+    values are the GPU tensors autograd made under the batching wrapper, which a copy could not see through."""
+    return torch._C._functorch.is_legacy_batchedtensor(gradient) or torch._C._functorch.is_batchedtensor(gradient)
 
 
 def _grad(self):
