@@ -482,6 +482,29 @@ def test_batched_gradients_on_a_gpu_equal_the_cpus():
         torch.testing.assert_close([g.cpu() for g in got], list(want))
 
 
+def test_forward_ad_with_an_input_that_has_no_tangent_matches_the_cpu():
+    """Forward-mode AD gives an input without a tangent PyTorch's efficient zero tensor, which has no memory: a GPU
+    op that met one beside a GPU tensor ran the CPU kernel on it and crashed the process (gradcheck's
+    `check_forward_ad=True`, on in PyTorch's OpInfo gradient tests, makes one for every input)."""
+    import torch.autograd.forward_ad as fwAD
+
+    def run(device):
+        torch.manual_seed(0)
+        x, y, m = (torch.randn(*shape, dtype=torch.double).to(device) for shape in ((6,), (6,), (4, 6)))
+        tangents = []
+        with fwAD.dual_level():
+            dual_y = fwAD.make_dual(y, torch.ones_like(y))
+            for out in (torch.matmul(x, dual_y), m @ dual_y, torch.addcmul(x, x, dual_y)):
+                tangents.append(fwAD.unpack_dual(out).tangent)
+        assert torch.autograd.gradcheck(torch.matmul, (m.requires_grad_(), y.requires_grad_()), check_forward_ad=True)
+        return tangents
+    want = run("cpu")
+    with course.emulate(gpus=1):
+        got = run("cuda")
+        assert all(t.device.type == "cuda" for t in got)
+        torch.testing.assert_close([t.cpu() for t in got], want)
+
+
 def test_in_place_ops_that_reshape_a_tensor_reshape_the_gpu_tensor():
     """`img.unsqueeze_(0)`, `x.t_()`, `buf.resize_(n)`, `x.set_(y)` give the tensor new sizes, strides or storage: the
     GPU tensor must show them (it kept its old shape over reshaped data), and gradients flow as on the CPU."""

@@ -204,6 +204,8 @@ class _ScratchReadyTimes:
         self.prune_at = 64  # entries before the next sweep of freed storages (amortised)
 
     def ready(self, tensor: torch.Tensor) -> int:
+        if tensor._is_zerotensor():  # forward AD's efficient zero tangent: no storage, never written
+            return 0
         entry = self.by_address.get(tensor.untyped_storage().data_ptr())
         if entry is None or entry[0].expired():
             return 0
@@ -232,7 +234,11 @@ def _unwrap(value, tensors: list):
         return value._inner
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return value._inner if isinstance(value, EmulatedTensor) else value
+        if isinstance(value, EmulatedTensor):
+            return value._inner
+        if value._is_zerotensor():  # forward AD's efficient zero tangent: CPU kernels below the dispatcher read its
+            return torch.zeros(value.shape, dtype=value.dtype, device=value.device)  # (absent) memory: a crash
+        return value
     if type(value) in (list, tuple):
         for v in value:
             if isinstance(v, (torch.Tensor, list, tuple)):
