@@ -1,5 +1,6 @@
 """PyTorch's own test styles the other files here leave out: OpInfo-driven CUDA-vs-CPU comparisons (`@ops` over a
-filtered op_db, sample inputs moved to the CPU), gradcheck over OpInfo samples on CUDA in double, test_autocast's
+filtered op_db, sample inputs moved to the CPU), test_ops_gradients' gradcheck of OpInfo samples on CUDA in double
+with its batched and forward-mode checks, test_autocast's
 per-op cast policies from AutocastTestLists, device-type tests with @precisionOverride/@toleranceOverride,
 make_tensor and assertEqual's dtype-aware tolerances, and the common_cuda platform flags of an A100."""
 import unittest
@@ -40,23 +41,21 @@ class TestOpsCompareCpu(TestCase):
 
     @onlyCUDA
     @ops([op for op in SELECTED if op.supports_autograd], dtypes=OpDTypes.supported, allowed_dtypes=(torch.double,))
-    def test_grads_match_cpu(self, device, dtype, op):
+    def test_fn_gradcheck(self, device, dtype, op):
+        """test_ops_gradients-style: gradcheck on each sample, with the OpInfo's batched and forward-AD checks."""
         for i, sample in enumerate(op.sample_inputs(device, dtype, requires_grad=True)):
             if i == 2:
                 break
-            cpu_sample = sample.transform(lambda x: x.detach().cpu().requires_grad_(x.requires_grad)
-                                          if isinstance(x, torch.Tensor) else x)
-            outs = []
-            for s in (sample, cpu_sample):
-                out = s.output_process_fn_grad(op(s.input, *s.args, **s.kwargs))
-                flat = [t for t in (out if isinstance(out, (tuple, list)) else [out])
-                        if isinstance(t, torch.Tensor) and t.requires_grad]
-                leaves = [t for t in [s.input, *s.args] if isinstance(t, torch.Tensor) and t.requires_grad]
-                if not flat or not leaves:
-                    break
-                outs.append(torch.autograd.grad(sum(t.sum() for t in flat), leaves, allow_unused=True))
-            if len(outs) == 2:
-                self.assertEqual(outs[0], outs[1], exact_device=False)
+            leaves = [t for t in (sample.input, *sample.args) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not leaves:
+                continue
+            def fn(*xs, sample=sample):
+                it = iter(xs)
+                swap = lambda t: next(it) if isinstance(t, torch.Tensor) and t.requires_grad else t
+                out = op(swap(sample.input), *[swap(a) for a in sample.args], **sample.kwargs)
+                return sample.output_process_fn_grad(out)
+            self.assertTrue(torch.autograd.gradcheck(fn, tuple(leaves), check_batched_grad=op.check_batched_grad,
+                                                     check_forward_ad=op.supports_forward_ad, fast_mode=True))
 
 
 instantiate_device_type_tests(TestOpsCompareCpu, globals(), only_for=("cpu", "cuda"))
