@@ -825,6 +825,24 @@ def test_lstsq_on_a_gpu_uses_gels_as_cuda_does(emu):
     assert torch.linalg.lstsq(a, b).rank.item() == 3  # CPU tensors keep the CPU's drivers
 
 
+def test_svd_on_a_gpu_takes_cusolvers_drivers(emu):
+    """`driver=` gesvd / gesvdj / gesvda is cuSOLVER's choice (the CPU's LAPACK kernel refuses any driver): the same
+    singular values as the CPU's, an unknown name is CUDA's error, and CPU tensors keep the CPU's refusal."""
+    torch.manual_seed(0)
+    a = torch.randn(6, 4)
+    expected = torch.linalg.svdvals(a)
+    for driver in ("gesvd", "gesvdj", "gesvda"):
+        u, s, vh = torch.linalg.svd(a.to("cuda"), full_matrices=False, driver=driver)
+        assert s.device == torch.device("cuda", 0)
+        torch.testing.assert_close(s.cpu(), expected)
+        torch.testing.assert_close((u @ torch.diag(s) @ vh).cpu(), a, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.linalg.svdvals(a.to("cuda"), driver=driver).cpu(), expected)
+    with pytest.raises(RuntimeError, match="unknown svd driver gesdd in svd_cusolver computation"):
+        torch.linalg.svd(a.to("cuda"), driver="gesdd")
+    with pytest.raises(RuntimeError, match="only supported on CUDA inputs"):
+        torch.linalg.svd(a, driver="gesvdj")
+
+
 def _float8(shape):
     x = torch.randn(*shape)
     return (x * 448 / x.abs().max()).to(torch.float8_e4m3fn), (x.abs().max() / 448).float()

@@ -93,6 +93,16 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     return aten.linalg_lstsq.default(a, b, rcond, driver="gels")
 
 
+def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    """cuSOLVER's SVD takes `driver=` gesvd, gesvdj or gesvda (torch/linalg/__init__.py, linalg.svd), which the CPU's
+    LAPACK kernel refuses outright: it is checked as svd_cusolver checks it (BatchLinearAlgebraLib.cpp), then the
+    CPU computes the same factorisation (no driver fixes the singular vectors' signs)."""
+    if driver not in (None, "gesvd", "gesvdj", "gesvda"):
+        raise RuntimeError(f"torch.linalg.svd: unknown svd driver {driver} in svd_cusolver computation. "
+                           "Available drivers are gesvd, gesvdj, and gesvda.")
+    return aten._linalg_svd.default(a, full_matrices, compute_uv)
+
+
 def scaled_mm(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
     """CUDA's float8 GEMM refuses GPUs before Ada (sm_89) and shapes cuBLASLt cannot take, with the checks and words of
     `_scaled_mm_out_cuda` (aten/src/ATen/native/cuda/Blas.cpp); the CPU kernel would compute them all."""
@@ -145,6 +155,7 @@ KERNELS = {
     aten.batch_norm_backward_reduce.default: batch_norm_backward_reduce,
     aten.batch_norm_backward_elemt.default: batch_norm_backward_elemt,
     aten.linalg_lstsq.default: linalg_lstsq,
+    aten._linalg_svd.default: linalg_svd,
     aten._scaled_mm.default: scaled_mm,
     aten._int_mm.default: int_mm,
 }
