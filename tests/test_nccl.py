@@ -164,6 +164,32 @@ def test_collectives_and_point_to_point_values():
             "nccl:send to 1", "nccl:recv from 0"} <= names
 
 
+def _uneven(rank, world_size):
+    torch.cuda.set_device(rank)
+    gathered = [torch.empty(r + 1, device="cuda") for r in range(world_size)]
+    dist.all_gather(gathered, torch.full((rank + 1,), float(rank + 1), device="cuda"))
+    inputs = [torch.full((r + 1,), float(rank + 1) * (r + 1), device="cuda") for r in range(world_size)]
+    kept = [t.clone() for t in inputs]
+    summed, averaged = torch.empty(rank + 1, device="cuda"), torch.empty(rank + 1, device="cuda")
+    dist.reduce_scatter(summed, inputs)
+    dist.reduce_scatter(averaged, inputs, op=dist.ReduceOp.AVG)
+    return ([t.cpu() for t in gathered], summed.cpu(), averaged.cpu(),
+            all(torch.equal(a, b) for a, b in zip(inputs, kept)))
+
+
+def test_all_gather_and_reduce_scatter_of_uneven_sizes_as_nccl_does():
+    """ProcessGroupNCCL takes lists of tensors of different sizes (one broadcast, or one reduce, per rank), which
+    gloo underneath refuses; the inputs are left as they were."""
+    with course.emulate(gpus=3):
+        got = course.run_threads(_uneven, 3, backend="nccl")
+    for rank, (gathered, summed, averaged, inputs_kept) in enumerate(got):
+        for r, t in enumerate(gathered):
+            torch.testing.assert_close(t, torch.full((r + 1,), float(r + 1)))
+        torch.testing.assert_close(summed, torch.full((rank + 1,), 6.0 * (rank + 1)))
+        torch.testing.assert_close(averaged, torch.full((rank + 1,), 2.0 * (rank + 1)))
+        assert inputs_kept
+
+
 def test_receive_starts_when_both_sides_are_ready():
     """A recv posted long before the send completes when the sender's data exists, not before."""
     def ranks(rank, world_size):

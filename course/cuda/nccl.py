@@ -73,6 +73,10 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _same_sizes(tensors) -> bool:
+    return all(t.shape == tensors[0].shape for t in tensors)
+
+
 def _needs_values(name: str, tensors) -> None:
     """gloo moves the values underneath, and a shape-only tensor has none (gloo would fail with "Bad address")."""
     if any(t.is_meta or (isinstance(t, EmulatedTensor) and t._inner.is_meta) for t in tensors):
@@ -389,9 +393,35 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or distributed_c10d.AllgatherOptions()
-        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
-                                lambda: self._gloo.allgather(_unwrap(output_lists), _unwrap(inputs), opts),
+        outputs, own = _unwrap(output_lists), _unwrap(inputs)
+        call = (functools.partial(self._gloo.allgather, outputs, own, opts) if _same_sizes(outputs[0])
+                else functools.partial(self._broadcast_each, outputs[0], own[0]))
+        return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns), call,
                                 inputs, output_lists, _nbytes(_flat(output_lists)))
+
+    def _broadcast_each(self, outputs, own):
+        """NCCL's all_gather of tensors of different sizes (ProcessGroupNCCL::allgather), which gloo refuses: one
+        broadcast from each rank, its own input copied into its slot first."""
+        outputs[self.rank()].copy_(own)
+        for root, output in enumerate(outputs):
+            opts = dist.BroadcastOptions()
+            opts.rootRank = root
+            work = self._gloo.broadcast([output], opts)
+            work.wait()
+        return work
+
+    def _reduce_each(self, output, inputs, opts):
+        """NCCL's reduce_scatter of tensors of different sizes (ProcessGroupNCCL::reduce_scatter), which gloo
+        refuses: one reduce to each rank, on copies, since NCCL's reduce is out of place."""
+        for root, tensor in enumerate(inputs):
+            copy = tensor.clone()
+            reduce_opts = dist.ReduceOptions()
+            reduce_opts.reduceOp, reduce_opts.rootRank = opts.reduceOp, root
+            work = self._gloo.reduce([copy], reduce_opts)
+            work.wait()
+            if root == self.rank():
+                output.copy_(copy)
+        return work
 
     @_capturable
     def allgather_coalesced(self, output_lists, inputs, opts=None):
@@ -418,9 +448,10 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
-                                lambda: self._gloo.reduce_scatter(
-                                    _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False), opts),
+        own, inputs = _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False)
+        call = (functools.partial(self._gloo.reduce_scatter, own, inputs, opts) if _same_sizes(inputs[0])
+                else functools.partial(self._reduce_each, own[0], inputs[0], opts))
+        return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns), call,
                                 input_lists, outputs, _nbytes(_flat(input_lists)))
 
     @_capturable
