@@ -169,7 +169,7 @@ class Emulator:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
-        for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor): refused by name
+        for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor) of a GPU tensor
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
             self._patch(target, replacements)

@@ -11,7 +11,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention, graph_moves, inner_factories, packed_sequences, storages
+from course.cuda import attention, graph_moves, inner_factories, packed_sequences, storages, subclasses
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
@@ -504,6 +504,10 @@ class EmulatorMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         """`handle_torch_function` with its usual case inlined: every torch call of a program comes here."""
         __tracebackhide__ = True
+        for cls in types:  # a program's subclass with a __torch_function__ runs it first, as in PyTorch
+            if cls is not EmulatedTensor and cls is not torch.Tensor and subclasses.has_own_torch_function(cls) \
+                    and torch._C._is_torch_function_enabled():
+                return subclasses.run_torch_function(EmulatorMode, func, types, args, kwargs or {})
         if kwargs or func in _ROUTED:
             return handle_torch_function(func, args, kwargs)
         try:
