@@ -234,6 +234,47 @@ def test_dynamically_quantized_models_refuse_gpu_inputs_as_cuda_builds_do(emu):
     torch.testing.assert_close(quantized.cpu()(x), expected)
 
 
+def _quantized_uses(device):
+    """The quantized ops with CUDA kernels (native_functions.yaml: quantize_per_tensor / per_channel and
+    _make_per_tensor_quantized_tensor for CUDA, dequantize, int_repr, q_scale, views, clone, relu for QuantizedCUDA)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, device=device)
+    q = torch.quantize_per_tensor(x, 0.1, 3, torch.quint8)
+    per_channel = torch.quantize_per_channel(x, torch.tensor([0.1, 0.05], device=device),
+                                             torch.tensor([0, 2], device=device), 0, torch.qint8)
+    made = torch._make_per_tensor_quantized_tensor(torch.arange(4, dtype=torch.uint8, device=device), 0.5, 1)
+    views = [q.view(3, 2), q.reshape(6)[2:], q.clone(), torch.relu(q), q.t()]
+    texts = [repr(t) for t in (q, per_channel, views[0])]
+    return {"values": [q.int_repr(), q.dequantize(), per_channel.int_repr(), made.dequantize()]
+            + [v.int_repr() for v in views] + [v.dequantize() for v in views],
+            "params": [q.q_scale(), q.q_zero_point(), q.qscheme(), per_channel.q_per_channel_axis(), made.dtype],
+            "devices": {t.device.type for t in [q, per_channel, made] + views}, "texts": texts}
+
+
+def test_quantized_tensors_on_gpus_run_the_ops_cuda_has_and_refuse_the_rest(emu):
+    """Quantized GPU tensors give CPU torch's values for the ops a CUDA build has kernels for, and print as a GPU
+    prints them (they raised "load_scalar: invalid type"); an op with only a QuantizedCPU kernel raises the
+    dispatcher's QuantizedCUDA error (the CPU kernels would have run it)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions")  # their deprecation
+        emu.stop()
+        want = _quantized_uses("cpu")
+        emu.start()
+        got = _quantized_uses("cuda")
+        q = torch.quantize_per_tensor(torch.randn(4, device="cuda"), 0.1, 0, torch.quint8)
+    assert got["devices"] == {"cuda"} and got["params"] == want["params"]
+    for mine, theirs in zip(got["values"], want["values"]):
+        assert mine.device.type == "cuda"
+        torch.testing.assert_close(mine.cpu(), theirs)
+    for mine, theirs in zip(got["texts"], want["texts"]):  # the device first among the suffixes, as a GPU's
+        assert mine.replace(", device='cuda:0'", "").split() == theirs.split() and "device='cuda:0'" in mine
+    for op in (lambda: torch.cat([q, q]), lambda: torch.sigmoid(q), lambda: q.mean(0)):
+        with pytest.raises(NotImplementedError, match="with arguments from the 'QuantizedCUDA' backend"):
+            op()
+    assert torch.cat([q.cpu(), q.cpu()]).is_quantized  # the host keeps its QuantizedCPU kernels
+
+
 def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
     """torch.histogram / histogramdd are CPU-only in CUDA builds (torch.histc is the GPU's): the emulator computed
     them; now the dispatcher's error. Host tensors still get them."""
