@@ -375,13 +375,16 @@ def test_export_of_a_forward_that_makes_tensors_on_its_device(emu, make, make_in
 
 def test_export_gives_a_forward_asking_devices_the_gpus_answers(emu):
     """While the twin is traced, the forward asking a tensor's device gets a GPU's answer (its GPU branch is taken,
-    `.to(t.device)` and `.to(t)` move to the GPU, a host tensor stays on the host); PyTorch code whose device is
-    asked where the twin can only answer the host's is refused by name."""
+    `.to(t.device)` and `.to(t)` move to the GPU, a host tensor stays on the host), and so do PyTorch's functions
+    that make tensors on their input's device midway (unravel_index, svd_lowrank, embedding_bag); PyTorch code
+    outside those libraries asking the twin, which answers the host's device, is refused by name."""
     x = torch.randn(2, 3, device="cuda:1")
     forwards = [lambda t: t * 2 if t.is_cuda else t, lambda t: t * 2 if t.device.type == "cuda" else t,
                 lambda t: t + t.get_device(), lambda t: t + torch.ones(3).to(t.device), lambda t: t + torch.ones(3).to(t),
                 lambda t: t + torch.ones(3, dtype=torch.float64).type_as(t), lambda t: t.cpu() + torch.zeros(3),
-                lambda t: t + torch.tensor([1.0, 2.0, 3.0], device=t.device), lambda t: t.to("cpu") * 2]
+                lambda t: t + torch.tensor([1.0, 2.0, 3.0], device=t.device), lambda t: t.to("cpu") * 2,
+                lambda t: t + torch.unravel_index(t.argmax(), (2, 3))[1], lambda t: torch.svd_lowrank(t, q=2)[1],
+                lambda t: nn.functional.embedding_bag(torch.tensor([[0, 1], [1, 0]], device=t.device), t)]
     for forward in forwards:
         model = _NamesItsDevice(forward)
         model.forward = forward  # its own output, on the host for the last ones
@@ -389,9 +392,7 @@ def test_export_gives_a_forward_asking_devices_the_gpus_answers(emu):
         assert out.device == want.device
         torch.testing.assert_close(out.cpu(), want.cpu())
     with pytest.raises(RuntimeError, match="names a device where PyTorch's code asked a tensor for it"):
-        torch.export.export(_NamesItsDevice(lambda t: torch.svd_lowrank(t, q=2)[1].sum()), (x,))  # torch._lowrank's
-    with pytest.raises(RuntimeError, match="calls unravel_index, which asks a tensor's device inside"):
-        torch.export.export(_NamesItsDevice(lambda t: torch.unravel_index(t.argmax(), (2, 3))[0]), (x,))
+        torch.export.export(_NamesItsDevice(lambda t: torch.masked.mean(t, 1, keepdim=True)), (x,))  # torch.masked's
 
 
 def test_dlpack_capsules_of_gpu_tensors_are_refused_by_name_torch_to_torch_shares(emu):
@@ -588,9 +589,8 @@ def test_threads_the_program_starts_use_the_emulated_gpus():
     def run(device_of):
         per_gpu = [None, None]
 
-        def matmul_on(index):
-            torch.manual_seed(index)
-            x = torch.randn(32, 32).to(device_of(index))
+        def matmul_on(index):  # its own generator: plain threads share torch's default one, and would race on it
+            x = torch.randn(32, 32, generator=torch.Generator().manual_seed(index)).to(device_of(index))
             per_gpu[index] = (x @ x).sum().cpu()
         threads = [threading.Thread(target=matmul_on, args=(i,)) for i in range(2)]
         for thread in threads:

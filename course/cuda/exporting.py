@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 from torch.overrides import TorchFunctionMode, _len_torch_function_stack
 
+from course.cuda import inner_factories
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import EmulatedTensor
 from course.cuda.interception import EmulatorMode
@@ -50,14 +51,15 @@ def _host(tensor):
 _DEVICE_QUERIES = (torch.Tensor.device, torch.Tensor.is_cuda, torch.Tensor.is_cpu)
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _GPU, _HOST = "cuda", "cpu"  # where a traced tensor lives in the GPU's program: node.meta[_PLACED] of its call
-_ASKED_INSIDE = "asked inside"  # or a call whose own code asked a tensor's device, where the twin answers the host's
+_ASKED_INSIDE = "asked inside"  # or a call whose own code asked a tensor's device, where the twin answers the host's:
+# its tensors are where its inputs are, unless it made one on the device it asked (refused)
 _PLACED, _CALL = "course_placement", "course_call"  # node.meta keys: where its tensor lives, the call that made it
 _ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
 
 
 # PyTorch's Python libraries that models call, and that never run inside export's dispatch: their code is the model's,
 # so a module asking its input's device (an LSTM's zero state, a Normal's rsample) gets a GPU's answer, as on a GPU.
-_MODEL_LIBRARIES = ("torch.nn.", "torch.distributions.", "torch.functional")
+_MODEL_LIBRARIES = ("torch.nn.", "torch.distributions.", "torch.functional", "torch._lowrank")
 
 
 def _internal(frame) -> bool:
@@ -83,7 +85,8 @@ def _placements(graph) -> dict:
     Placeholders are the GPU's parameters, buffers and inputs unless marked (lifted host constants)."""
     placed = {}
     for node in graph.nodes:
-        placed[node] = node.meta.get(_PLACED) or (
+        mark = node.meta.get(_PLACED)
+        placed[node] = mark if mark in (_GPU, _HOST) else (
             _GPU if node.op == "placeholder" or any(placed.get(n) == _GPU for n in node.all_input_nodes) else _HOST)
     return placed
 
@@ -185,6 +188,8 @@ class _OnTheHost(TorchFunctionMode):
         by_the_model = _asked_by_the_model(self.export_caller)
         if (getattr(func, "__self__", None) in _DEVICE_QUERIES or func is torch.Tensor.get_device) and by_the_model:
             return self._answer(func, args[0])
+        if func in _INLINED:  # its body, op by op under this mode, makes its tensors on the device it asks
+            return _INLINED[func](*args, **kwargs)
         placement, func, args, kwargs = self._on_host(func, args, kwargs, _HOST if by_the_model else None)
         mode = get_proxy_mode()
         last = next(reversed(mode.tracer.graph.nodes), None) if mode is not None else None
@@ -210,6 +215,11 @@ class _OnTheHost(TorchFunctionMode):
         return out
 
 
+# PyTorch's functions that hand themselves to torch-function handling and make a tensor on a device they ask midway
+# (F.embedding_bag, nn.MultiheadAttention's add_zero_attn): run as the emulator runs them (inner_factories.py).
+_INLINED = inner_factories.handlers(lambda: _OnTheHost(_tracing.caller, _tracing.index))
+
+
 @contextlib.contextmanager
 def _instead_of_the_emulators(mode):
     """The thread's torch-function modes without the emulator's own (the twin's factories stay on the host, as
@@ -230,6 +240,11 @@ def _names_a_device(node) -> bool:
     return any(isinstance(leaf, torch.device) for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs)))
 
 
+def _asked_inside(node) -> RuntimeError:
+    return _not_modelled(f"a model whose forward calls {node.meta[_CALL]}, which makes a tensor on a device it asks "
+                         "inside")
+
+
 def _write_the_gpu_back(program, index: int, gpu_state: set) -> None:
     """The twin's graph names the host wherever the GPU's names the GPU: write cuda:index into the nodes whose
     tensors the GPU holds (those _OnTheHost marked, and `_assert_tensor_metadata`, which export adds to check a
@@ -242,9 +257,12 @@ def _write_the_gpu_back(program, index: int, gpu_state: set) -> None:
     constants = program.graph_signature.inputs_to_lifted_tensor_constants
     for node in program.graph.nodes:
         if node.op == "placeholder" and constants.get(node.name) not in gpu_state | {None}:
-            if node.users and all(user.meta.get(_PLACED) == _GPU for user in node.users):
+            marks = {user.meta.get(_PLACED) for user in node.users}
+            if marks == {_GPU}:
                 name = constants[node.name]  # torch.tensor(data, device=x.device): the constant is the GPU's
                 program._constants[name] = program._constants[name].to(f"cuda:{index}")
+            elif _ASKED_INSIDE in marks:  # made inside a call on the device the twin answered: the host
+                raise _asked_inside(next(user for user in node.users if user.meta.get(_PLACED) == _ASKED_INSIDE))
             else:
                 node.meta[_PLACED] = _HOST
     placed = _placements(program.graph)
@@ -252,11 +270,10 @@ def _write_the_gpu_back(program, index: int, gpu_state: set) -> None:
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
-        if placed[node] == _ASKED_INSIDE:
-            raise _not_modelled(f"a model whose forward calls {node.meta[_CALL]}, which asks a tensor's device "
-                                "inside")
         if node.target is _ASSERT_METADATA:
             placed[node] = placed[node.args[0]]
+        elif _names_a_device(node) and node.meta.get(_PLACED) == _ASKED_INSIDE:
+            raise _asked_inside(node)
         elif _names_a_device(node) and _PLACED not in node.meta:
             raise _not_modelled("a model whose forward names a device where PyTorch's code asked a tensor for it")
         if _names_a_device(node):
