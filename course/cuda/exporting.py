@@ -13,10 +13,11 @@ nodes each call adds are marked with where the GPU's program puts its tensor; af
 the marked nodes, as torch.export.passes.move_to_device_pass rewrites a program's burnt-in devices (node.meta["val"]
 keeps the twin's host fakes). The emulated parameters and buffers are put back, so `ep.module()(x)` runs on the
 emulated GPU, timed, with CPU torch's values. Refused by name: a node naming a device that no marked call made
-(PyTorch's code outside torch.nn asked a fake for it), a tensor moved without a copy in the graph, devices inside
-control-flow branches, a second GPU, CUDA autocast (it casts GPU tensors only) and models and inputs spread over
-several devices. `ep.run_decompositions()` re-traces from the GPU parameters, and is refused as every fake tensor of
-a GPU tensor is (cuda_api._fake_of).
+(PyTorch's code outside the libraries models call asked a fake for it), a tensor moved without a copy in the graph,
+a constant made on a device a PyTorch function asked inside, devices inside control-flow branches, a second GPU,
+CUDA autocast (it casts GPU tensors only) and models and inputs spread over several devices.
+`ep.run_decompositions()` re-traces from the GPU parameters, and is refused as every fake tensor of a GPU tensor is
+(cuda_api._fake_of).
 """
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ _fake_device = FakeTensor.device
 def _fake_tensor_device(self) -> torch.device:
     """FakeTensor.device while a twin is traced: the forward's inputs are fake tensors, whose device is a property
     no torch-function mode sees. Asked by the model, it answers the GPU's device for a tensor the GPU would hold,
-    unless _OnTheHost is running a call (`torch.unravel_index`, `F.multi_head_attention_forward`): the calls inside
-    do not reach it, so they get the host's, and the call is marked as one whose devices the twin cannot give."""
+    unless _OnTheHost is running a PyTorch function handed to it whole: the calls inside do not reach the mode, so
+    they get the host's, and the function's call is marked as one whose devices the twin cannot give."""
     caller = getattr(_tracing, "caller", None)
     if caller is not None and _asked_by_the_model(caller):
         if getattr(_tracing, "inside", None) is not None:
@@ -143,7 +144,8 @@ class _OnTheHost(TorchFunctionMode):
     `.cuda()`, `.to(device)`) makes its fake on the host instead, and the graph nodes it adds are marked as the
     GPU's (`_PLACED`), so that export() can write the GPU back into them; one that names the host, or makes a
     tensor from nothing on the default device, is marked as the host's; `.to(other)` as other's. The model's
-    own code asking a tensor's device gets the GPU's answer for the tensors the GPU would hold."""
+    own code asking a tensor's device gets the GPU's answer for the tensors the GPU would hold, and PyTorch's
+    functions that make a tensor on a device they ask midway run op by op under the mode (_INLINED)."""
 
     def __init__(self, export_caller, index: int):
         super().__init__()
