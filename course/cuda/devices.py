@@ -262,7 +262,8 @@ def _format(tensor: EmulatedTensor) -> str:
     inner = tensor._inner.detach()
     if inner.layout is not torch.strided and not inner.is_meta:
         return _format_sparse(tensor, inner)
-    prefix = "tensor("
+    # A program's subclass (course/cuda/subclasses.py) prints its own name, as torch/_tensor_str.py's _str_intern has it.
+    prefix = "tensor(" if type(tensor) is EmulatedTensor else f"{type(tensor).__name__}("
     if inner.is_meta:
         body, suffixes = "...", [f"device='{tensor.device}'", f"size={tuple(inner.shape)}"]
         suffixes.append("shape only: emulated with materialize=False, there are no values")
