@@ -393,6 +393,8 @@ def test_export_gives_a_forward_asking_devices_the_gpus_answers(emu):
         torch.testing.assert_close(out.cpu(), want.cpu())
     with pytest.raises(RuntimeError, match="names a device where PyTorch's code asked a tensor for it"):
         torch.export.export(_NamesItsDevice(lambda t: torch.masked.mean(t, 1, keepdim=True)), (x,))  # torch.masked's
+    with pytest.raises(RuntimeError, match=r"a model traced with strict=True \(TorchDynamo\)"):
+        torch.export.export(_NamesItsDevice(lambda t: t * 2), (x,), strict=True)  # it raised Dynamo's AssertionError
 
 
 def test_dlpack_capsules_of_gpu_tensors_are_refused_by_name_torch_to_torch_shares(emu):

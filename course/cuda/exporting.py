@@ -15,7 +15,8 @@ keeps the twin's host fakes). The emulated parameters and buffers are put back, 
 emulated GPU, timed, with CPU torch's values. Refused by name: a node naming a device that no marked call made
 (PyTorch's code outside the libraries models call asked a fake for it), a tensor moved without a copy in the graph,
 a constant made on a device a PyTorch function asked inside, devices inside control-flow branches, a second GPU,
-CUDA autocast (it casts GPU tensors only) and models and inputs spread over several devices.
+CUDA autocast (it casts GPU tensors only), strict=True (TorchDynamo would trace the emulator's own Python) and
+models and inputs spread over several devices.
 `ep.run_decompositions()` re-traces from the GPU parameters, and is refused as every fake tensor of a GPU tensor is
 (cuda_api._fake_of).
 """
@@ -40,9 +41,9 @@ from course.cuda.interception import EmulatorMode
 _export = torch.export.export
 
 
-def _not_modelled(what: str) -> RuntimeError:
-    return not_modelled(f"torch.export.export of {what} on emulated GPUs",
-                        "export the model on the CPU (its graph is the same), or run it eagerly")
+def _not_modelled(what: str, advice: str = "export the model on the CPU (its graph names cpu where a GPU's names "
+                                           "cuda), or run it eagerly") -> RuntimeError:
+    return not_modelled(f"torch.export.export of {what} on emulated GPUs", advice)
 
 
 def _host(tensor):
@@ -302,6 +303,8 @@ def export(mod, args=(), kwargs=None, **options):
         return _export(mod, args, kwargs, **options)
     if len(devices) > 1 or not all(isinstance(t, EmulatedTensor) for t in tensors):
         raise _not_modelled(f"a model or inputs spread over {sorted(map(str, devices))}")
+    if options.get("strict"):  # TorchDynamo would trace the emulator's own Python (its torch.cuda, Module.__call__)
+        raise _not_modelled("a model traced with strict=True (TorchDynamo)", "export it with strict=False, the default")
     memo = {}
     for tensor in list(mod.parameters()) + list(named_buffers.values()):
         host = _host(tensor)
