@@ -81,7 +81,7 @@ def make_subclass(cls, data, requires_grad=False, **kwargs):
 def has_own_torch_function(cls: type) -> bool:
     """Whether a program's subclass handles torch functions itself (PyTorch's and the emulator's own do not)."""
     handler = getattr(cls, "__torch_function__", None)
-    return not cls.__module__.startswith(("torch", "course")) and \
+    return not (cls.__module__ or "").startswith(("torch", "course")) and \
         getattr(handler, "__func__", handler) is not torch._C._disabled_torch_function_impl
 
 
