@@ -259,6 +259,47 @@ def test_dynamically_quantized_models_refuse_gpu_inputs_as_cuda_builds_do(emu):
     torch.testing.assert_close(quantized.cpu()(x), expected)
 
 
+def _quantized_uses(device):
+    """The quantized ops with CUDA kernels (native_functions.yaml: quantize_per_tensor / per_channel and
+    _make_per_tensor_quantized_tensor for CUDA, dequantize, int_repr, q_scale, views, clone, relu for QuantizedCUDA)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, device=device)
+    q = torch.quantize_per_tensor(x, 0.1, 3, torch.quint8)
+    per_channel = torch.quantize_per_channel(x, torch.tensor([0.1, 0.05], device=device),
+                                             torch.tensor([0, 2], device=device), 0, torch.qint8)
+    made = torch._make_per_tensor_quantized_tensor(torch.arange(4, dtype=torch.uint8, device=device), 0.5, 1)
+    views = [q.view(3, 2), q.reshape(6)[2:], q.clone(), torch.relu(q), q.t()]
+    texts = [repr(t) for t in (q, per_channel, views[0])]
+    return {"values": [q.int_repr(), q.dequantize(), per_channel.int_repr(), made.dequantize()]
+            + [v.int_repr() for v in views] + [v.dequantize() for v in views],
+            "params": [q.q_scale(), q.q_zero_point(), q.qscheme(), per_channel.q_per_channel_axis(), made.dtype],
+            "devices": {t.device.type for t in [q, per_channel, made] + views}, "texts": texts}
+
+
+def test_quantized_tensors_on_gpus_run_the_ops_cuda_has_and_refuse_the_rest(emu):
+    """Quantized GPU tensors give CPU torch's values for the ops a CUDA build has kernels for, and print as a GPU
+    prints them (they raised "load_scalar: invalid type"); an op with only a QuantizedCPU kernel raises the
+    dispatcher's QuantizedCUDA error (the CPU kernels would have run it)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions")  # their deprecation
+        emu.stop()
+        want = _quantized_uses("cpu")
+        emu.start()
+        got = _quantized_uses("cuda")
+        q = torch.quantize_per_tensor(torch.randn(4, device="cuda"), 0.1, 0, torch.quint8)
+    assert got["devices"] == {"cuda"} and got["params"] == want["params"]
+    for mine, theirs in zip(got["values"], want["values"]):
+        assert mine.device.type == "cuda"
+        torch.testing.assert_close(mine.cpu(), theirs)
+    for mine, theirs in zip(got["texts"], want["texts"]):  # the device first among the suffixes, as a GPU's
+        assert mine.replace(", device='cuda:0'", "").split() == theirs.split() and "device='cuda:0'" in mine
+    for op in (lambda: torch.cat([q, q]), lambda: torch.sigmoid(q), lambda: q.mean(0)):
+        with pytest.raises(NotImplementedError, match="with arguments from the 'QuantizedCUDA' backend"):
+            op()
+    assert torch.cat([q.cpu(), q.cpu()]).is_quantized  # the host keeps its QuantizedCPU kernels
+
+
 def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
     """torch.histogram / histogramdd are CPU-only in CUDA builds (torch.histc is the GPU's): the emulator computed
     them; now the dispatcher's error. Host tensors still get them."""
@@ -363,11 +404,66 @@ def test_cuda_visible_devices_keeps_the_machines_topology(monkeypatch):
         assert copy_ms(0, 1) == far_ms
 
 
-def test_python_subclasses_of_gpu_tensors_are_refused_by_name_and_wrappers_run(emu):
-    """Re-classing a GPU tensor as the program's own subclass names what is not modelled (the C++ error spoke of
-    EmulatedTensor); a host tensor's subclass and a wrapper subclass holding a GPU tensor run as on a GPU box."""
-    class Tagged(torch.Tensor):
-        pass
+class _Tagged(torch.Tensor):
+    """A tag kept through ops by PyTorch's default __torch_function__, which this one logs and then calls. Attribute
+    reads are left out: a GPU tensor's `.device` is the emulator's Python property, which no handler sees."""
+    calls = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func.__name__ != "__get__":
+            _Tagged.calls.append(func.__name__)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Plain(torch.Tensor):
+    def doubled(self):
+        return self * 2
+
+
+class _OwnDispatch(torch.Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _subclass_uses(device):
+    """as_subclass and _make_subclass, ops, autograd and a move to the host, as public code tags tensors."""
+    torch.manual_seed(0)
+    _Tagged.calls = []
+    x = torch.randn(4, 4, device=device, requires_grad=True)
+    tagged = x.as_subclass(_Tagged)
+    out = (tagged * 2).relu().sum(0)
+    out.sum().backward()
+    plain = torch.Tensor._make_subclass(_Plain, torch.randn(4, device=device)).doubled() + 1
+    return {"types": [type(t).__name__ for t in (tagged, out, plain, plain.cpu(), out.detach().cpu())],
+            "isinstance": [isinstance(out, _Tagged), isinstance(plain, _Plain), isinstance(plain.cpu(), _Plain)],
+            "devices": [t.device.type for t in (tagged, out, plain, x.grad)], "calls": list(_Tagged.calls),
+            "values": [t.detach().cpu() for t in (out, plain, x.grad)],
+            "text": repr(plain).replace(", device='cuda:0'", "")}
+
+
+def test_python_subclasses_of_gpu_tensors_keep_their_type_and_torch_function(emu):
+    """`gpu_x.as_subclass(MyTensor)` is an alias of MyTensor's twin on emulated GPUs: MyTensor's type name,
+    isinstance, methods and __torch_function__ (the default one keeps the subclass through ops), with the GPU's
+    device, values and gradients; on the host, a subclass's __torch_function__ runs as in plain torch (the
+    emulator's mode ran the op with it switched off). Compared with plain CPU torch: the same calls, types and
+    values. A subclass with its own __torch_dispatch__ is refused by name; a wrapper subclass runs."""
+    emu.stop()
+    want = _subclass_uses("cpu")
+    emu.start()
+    for device in ("cpu", "cuda"):
+        got = _subclass_uses(device)
+        assert got["devices"] == [device] * 4
+        assert {k: got[k] for k in ("types", "isinstance", "calls", "text")} == {
+            k: want[k] for k in ("types", "isinstance", "calls", "text")}  # `_Plain([...])` printed, as torch prints it
+        for mine, theirs in zip(got["values"], want["values"]):
+            torch.testing.assert_close(mine, theirs)
+    before = len(emu.trace)
+    torch.ones(3, device="cuda").as_subclass(_Tagged).exp()
+    assert len(emu.trace) > before  # timed on the GPU
+    with pytest.raises(course.cuda.cuda_bindings.NotModelledError, match="subclass _OwnDispatch, which has its own"):
+        torch.ones(2, device="cuda").as_subclass(_OwnDispatch)
 
     class Scaled(torch.Tensor):
         @staticmethod
@@ -382,11 +478,6 @@ def test_python_subclasses_of_gpu_tensors_are_refused_by_name_and_wrappers_run(e
             unwrap = lambda t: t.data_.float() * t.scale if isinstance(t, Scaled) else t  # noqa: E731
             return func(*torch.utils._pytree.tree_map(unwrap, args), **(kwargs or {}))
 
-    gpu = torch.ones(2, device="cuda")
-    for reclass in (lambda: gpu.as_subclass(Tagged), lambda: torch.Tensor._make_subclass(Tagged, gpu)):
-        with pytest.raises(course.cuda.cuda_bindings.NotModelledError, match="as the Python subclass Tagged"):
-            reclass()
-    assert type(torch.ones(2).as_subclass(Tagged)) is Tagged
     q, w = torch.tensor([[2, -4], [6, 8]], dtype=torch.int8, device="cuda"), torch.randn(2, 3, device="cuda")
     out = torch.mm(Scaled(q, 0.5), w)
     assert out.device == torch.device("cuda", 0) and torch.equal(out.cpu(), (q.cpu().float() * 0.5) @ w.cpu())

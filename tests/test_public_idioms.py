@@ -289,8 +289,8 @@ class _NamesItsDevice(nn.Module):
 def test_export_of_a_gpu_model_gives_the_host_graph_and_runs_on_the_gpu(emu):
     """torch.export of a model on an emulated GPU is traced on its host twin (a fake GPU tensor would abort a CPU
     build): the graph CPU torch exports, the model's own emulated parameters in the program, and `ep.module()(x)`
-    running on the GPU with eager's numbers. A forward that names a device or asks one, CUDA autocast, or a model
-    spread over devices would give a graph other than a GPU's: refused, naming it."""
+    running on the GPU with eager's numbers. A forward that names a second GPU, CUDA autocast, or a model spread
+    over devices would give a graph other than a GPU's: refused, naming it."""
     torch.manual_seed(0)
     host_model, host_x = _ConvNet().eval(), torch.randn(2, 3, 8, 8)
     model, x = copy.deepcopy(host_model).to("cuda:1"), host_x.to("cuda:1")
@@ -303,14 +303,9 @@ def test_export_of_a_gpu_model_gives_the_host_graph_and_runs_on_the_gpu(emu):
     assert out.device == torch.device("cuda", 1) and len(emu.trace) > before
     torch.testing.assert_close(out.cpu(), host_program.module()(host_x))
     torch.testing.assert_close(out, model(x))
-    makers = [lambda t: torch.arange(t.shape[-1], device=t.device), lambda t: torch.ones(1).cuda(),
-              lambda t: torch.ones(1, device="cuda:1")]
-    for make in makers:
-        with pytest.raises(RuntimeError, match="torch.export.export of a model whose forward (names|asks) a"):
-            torch.export.export(_NamesItsDevice(make), (x,))
-    for asks in (lambda t: t * 2 if t.is_cuda else t, lambda t: t * 2 if t.device.type == "cuda" else t):
-        with pytest.raises(RuntimeError, match="a model whose forward asks a tensor's device"):
-            torch.export.export(_NamesItsDevice(asks), (x,))  # the twin would take the host's branch
+    for other_gpu in (lambda t: torch.ones(1).cuda(), lambda t: torch.ones(1, device="cuda:0")):
+        with pytest.raises(RuntimeError, match="a model whose forward moves tensors from cuda:1 to cuda:0"):
+            torch.export.export(_NamesItsDevice(other_gpu), (x,))  # the current device is cuda:0
     with torch.autocast("cuda", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="under CUDA autocast"):
         torch.export.export(model, (x,))  # it casts GPU tensors only
     with pytest.raises(RuntimeError, match=r"spread over \['cuda:0', 'cuda:1'\]"):
@@ -318,6 +313,88 @@ def test_export_of_a_gpu_model_gives_the_host_graph_and_runs_on_the_gpu(emu):
     with pytest.raises(RuntimeError, match="A fake tensor .* of a tensor on an emulated GPU"):
         program.run_decompositions()  # it re-traces from the GPU parameters
     assert torch.export.export(host_model, (host_x,)).module()(host_x).device == torch.device("cpu")
+
+
+class _TinyGPT(nn.Module):
+    """nanoGPT's shape: positions from `torch.arange(t, device=idx.device)`, a causal mask made on the input's device."""
+
+    def __init__(self, vocab=17, width=16, context=8):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.attn, self.head = nn.Linear(width, 3 * width), nn.Linear(width, vocab)
+
+    def forward(self, idx):
+        t = idx.size(1)
+        x = self.wte(idx) + self.wpe(torch.arange(0, t, dtype=torch.long, device=idx.device))
+        q, k, v = self.attn(x).split(x.size(-1), dim=2)
+        causal = torch.ones(t, t, device=x.device).tril()
+        scores = (q @ k.transpose(-2, -1)).masked_fill(causal == 0, float("-inf"))
+        return self.head(x + scores.softmax(-1) @ v)
+
+
+class _LSTMTagger(nn.Module):
+    """An LSTM with its initial state made on the input's device, and one PyTorch's LSTM makes itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.fc = nn.LSTM(4, 5, batch_first=True), nn.Linear(5, 2)
+
+    def forward(self, x):
+        h0 = torch.zeros(1, x.size(0), 5, device=x.device)
+        given, _ = self.lstm(x, (h0, h0))
+        own, _ = self.lstm(x)
+        return self.fc(given[:, -1] + own[:, -1])
+
+
+@pytest.mark.parametrize("make, make_input", [(_TinyGPT, lambda: torch.randint(0, 17, (2, 8))),
+                                              (_LSTMTagger, lambda: torch.randn(2, 3, 4))])
+def test_export_of_a_forward_that_makes_tensors_on_its_device(emu, make, make_input):
+    """Export burns a forward's devices into its graph (pytorch#151010): the twin's graph names the host where a
+    GPU's names cuda:1, which is written back, so the program's nodes are CPU torch's with cuda:1 for cpu, and
+    `ep.module()(x)` gives eager's values and gradients on the GPU."""
+    torch.manual_seed(0)
+    host_model, host_x = make(), make_input()
+    model, x = copy.deepcopy(host_model).to("cuda:1"), host_x.to("cuda:1")
+    program, host_program = torch.export.export(model, (x,)), torch.export.export(host_model, (host_x,))
+
+    def devices(graph):
+        return [leaf for node in graph.nodes for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+                if isinstance(leaf, torch.device)]
+    assert [(n.op, n.target) for n in program.graph.nodes] == [(n.op, n.target) for n in host_program.graph.nodes]
+    assert devices(host_program.graph) and set(devices(host_program.graph)) == {torch.device("cpu")}
+    assert devices(program.graph) == [torch.device("cuda", 1)] * len(devices(host_program.graph))
+    out, want = program.module()(x), host_model(host_x)
+    assert out.device == torch.device("cuda", 1)
+    torch.testing.assert_close(out.cpu(), want)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    for mine, theirs in zip(model.parameters(), host_model.parameters()):
+        assert mine.grad.device == torch.device("cuda", 1)
+        torch.testing.assert_close(mine.grad.cpu(), theirs.grad)
+
+
+def test_export_gives_a_forward_asking_devices_the_gpus_answers(emu):
+    """While the twin is traced, the forward asking a tensor's device gets a GPU's answer (its GPU branch is taken,
+    `.to(t.device)` and `.to(t)` move to the GPU, a host tensor stays on the host), and so do PyTorch's functions
+    that make tensors on their input's device midway (unravel_index, svd_lowrank, embedding_bag); PyTorch code
+    outside those libraries asking the twin, which answers the host's device, is refused by name."""
+    x = torch.randn(2, 3, device="cuda:1")
+    forwards = [lambda t: t * 2 if t.is_cuda else t, lambda t: t * 2 if t.device.type == "cuda" else t,
+                lambda t: t + t.get_device(), lambda t: t + torch.ones(3).to(t.device), lambda t: t + torch.ones(3).to(t),
+                lambda t: t + torch.ones(3, dtype=torch.float64).type_as(t), lambda t: t.cpu() + torch.zeros(3),
+                lambda t: t + torch.tensor([1.0, 2.0, 3.0], device=t.device), lambda t: t.to("cpu") * 2,
+                lambda t: t + torch.unravel_index(t.argmax(), (2, 3))[1], lambda t: torch.svd_lowrank(t, q=2)[1],
+                lambda t: nn.functional.embedding_bag(torch.tensor([[0, 1], [1, 0]], device=t.device), t)]
+    for forward in forwards:
+        model = _NamesItsDevice(forward)
+        model.forward = forward  # its own output, on the host for the last ones
+        out, want = torch.export.export(model, (x,)).module()(x), model(x)
+        assert out.device == want.device
+        torch.testing.assert_close(out.cpu(), want.cpu())
+    with pytest.raises(RuntimeError, match="names a device where PyTorch's code asked a tensor for it"):
+        torch.export.export(_NamesItsDevice(lambda t: torch.masked.mean(t, 1, keepdim=True)), (x,))  # torch.masked's
+    with pytest.raises(RuntimeError, match=r"a model traced with strict=True \(TorchDynamo\)"):
+        torch.export.export(_NamesItsDevice(lambda t: t * 2), (x,), strict=True)  # it raised Dynamo's AssertionError
 
 
 def test_dlpack_capsules_of_gpu_tensors_are_refused_by_name_torch_to_torch_shares(emu):
@@ -557,9 +634,8 @@ def test_threads_the_program_starts_use_the_emulated_gpus():
     def run(device_of):
         per_gpu = [None, None]
 
-        def matmul_on(index):
-            torch.manual_seed(index)
-            x = torch.randn(32, 32).to(device_of(index))
+        def matmul_on(index):  # its own generator: plain threads share torch's default one, and would race on it
+            x = torch.randn(32, 32, generator=torch.Generator().manual_seed(index)).to(device_of(index))
             per_gpu[index] = (x @ x).sum().cpu()
         threads = [threading.Thread(target=matmul_on, args=(i,)) for i in range(2)]
         for thread in threads:

@@ -1,6 +1,7 @@
 """Each rank thread owns its random-number state, as each rank process does (course/cuda/rank_rng.py)."""
 import random
 import threading
+from random import choice, gauss, getstate, randint, sample, seed, setstate, shuffle, uniform
 
 import numpy as np
 
@@ -122,3 +123,31 @@ def test_seeded_python_and_numpy_draws_are_per_rank_as_in_rank_processes():
     assert runs[0] == as_processes
     assert (random.getstate(), np.random.get_state()[1].tolist()) == process_states  # the process's left alone
     assert (random.random, np.random.rand) == module_functions  # put back when the ranks ended
+
+
+def seeded_draws_by_imported_names(rank, world_size):
+    """`seeded_host_draws` with `random`'s functions imported by name at the top of the module, before any rank
+    started: bound methods of `random`'s hidden instance, not the module's attributes the ranks replace."""
+    seed(100 + rank)
+    drawn = []
+    for _ in range(4):
+        dist.all_reduce(torch.zeros(1))
+        order = list(range(6))
+        shuffle(order)
+        state = getstate()
+        first = randint(0, 99)
+        setstate(state)
+        drawn.append([order, first, randint(0, 99), choice("abcdef"), uniform(0, 1), gauss(0, 1), gauss(0, 1),
+                      sample(range(10), 3)])
+    return drawn
+
+
+def test_random_functions_imported_before_the_ranks_start_are_per_rank_too():
+    process_state = random.getstate()
+    with course.emulate(gpus=2):
+        runs = [run_threads(seeded_draws_by_imported_names, 2) for _ in range(5)]
+        as_processes = run_processes(seeded_draws_by_imported_names, 2)
+    assert all(run == runs[0] for run in runs[1:])
+    assert runs[0][0] != runs[0][1]  # each rank its own seed
+    assert runs[0] == as_processes
+    assert random.getstate() == process_state and type(random._inst) is random.Random  # put back

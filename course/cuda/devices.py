@@ -262,10 +262,15 @@ def _format(tensor: EmulatedTensor) -> str:
     inner = tensor._inner.detach()
     if inner.layout is not torch.strided and not inner.is_meta:
         return _format_sparse(tensor, inner)
-    prefix = "tensor("
+    # A program's subclass (course/cuda/subclasses.py) prints its own name, as torch/_tensor_str.py's _str_intern has it.
+    prefix = "tensor(" if type(tensor) is EmulatedTensor else f"{type(tensor).__name__}("
     if inner.is_meta:
         body, suffixes = "...", [f"device='{tensor.device}'", f"size={tuple(inner.shape)}"]
         suffixes.append("shape only: emulated with materialize=False, there are no values")
+    elif inner.is_quantized:
+        body = torch._tensor_str._tensor_str(inner.dequantize(), len(prefix))
+        suffixes = [f"device='{tensor.device}'"] if tensor._device_index != CPU else []
+        suffixes += _quantized_suffixes(inner)
     else:
         body = torch._tensor_str._tensor_str(inner, len(prefix))
         suffixes = [f"device='{tensor.device}'"] if tensor._device_index != CPU else []
@@ -275,13 +280,22 @@ def _format(tensor: EmulatedTensor) -> str:
     default_complex = torch.cdouble if torch.get_default_dtype() == torch.double else torch.cfloat
     implied = (torch.get_default_dtype(),) if inner.is_meta or inner.numel() == 0 else (
         torch.get_default_dtype(), default_complex, torch.int64, torch.bool)
-    if inner.dtype not in implied:
+    if inner.dtype not in implied and not inner.is_quantized:
         suffixes.append(f"dtype={inner.dtype}")
     if tensor.grad_fn is not None:
         suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")
     elif tensor.requires_grad:
         suffixes.append("requires_grad=True")
     return torch._tensor_str._add_suffixes(prefix + body, suffixes, len(prefix), False)
+
+
+def _quantized_suffixes(inner: torch.Tensor) -> list[str]:
+    """Size, dtype and quantization parameters, as torch/_tensor_str.py's _str_intern gives them."""
+    suffixes = [f"size={tuple(inner.shape)}", f"dtype={inner.dtype}", f"quantization_scheme={inner.qscheme()}"]
+    if inner.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        return suffixes + [f"scale={inner.q_scale()}", f"zero_point={inner.q_zero_point()}"]
+    return suffixes + [f"scale={inner.q_per_channel_scales()}", f"zero_point={inner.q_per_channel_zero_points()}",
+                       f"axis={inner.q_per_channel_axis()}"]
 
 
 def _format_sparse(tensor: EmulatedTensor, inner: torch.Tensor) -> str:

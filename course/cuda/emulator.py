@@ -140,6 +140,7 @@ class Emulator:
         for target, replacements in cuda_api.module_patches(self.physical_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
         self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        self._patch(torch.fx.graph, interception.fx_graph_patches())  # and in FX's generated code
         for target, replacements in build_info.PATCHES:  # torch.version.cuda, cudnn.version(): a CUDA build's
             self._patch(target, replacements)
         self._patch(torch, legacy_types.PATCHES)  # isinstance(cuda_x, torch.FloatTensor) is False, as on a GPU box
@@ -168,7 +169,7 @@ class Emulator:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
             self._patch(target, replacements)
-        for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor): refused by name
+        for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor) of a GPU tensor
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
             self._patch(target, replacements)

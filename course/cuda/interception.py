@@ -11,7 +11,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention, inner_factories, packed_sequences, storages
+from course.cuda import attention, graph_moves, inner_factories, packed_sequences, storages, subclasses
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
@@ -43,6 +43,17 @@ class device(metaclass=_DeviceMeta):
 
 
 device.__module__, device.__qualname__ = "torch", "device"  # pickles as torch.device
+
+
+def fx_graph_patches() -> dict:
+    """torch.fx's builtins for generated code, with `device` as the class `torch.device` is while emulating: FX
+    defines `device` in a graph's code only if its registered class is `torch.device`, and renames a global that
+    is not the registered one (torch/fx/graph.py, add_global and _Namespace.create_name); with PyTorch's own class
+    registered, a graph naming a device raises NameError when run."""
+    graph = torch.fx.graph
+    return {"_custom_builtins": {**graph._custom_builtins, "device": graph._CustomBuiltin("from torch import device",
+                                                                                        device)},
+            "_illegal_names": {**graph._illegal_names, "device": device}}
 
 
 def _unwrap(value):
@@ -454,6 +465,7 @@ _HANDLERS = {
 
 
 _HANDLERS.update(inner_factories.handlers(lambda: EmulatorMode()))
+_HANDLERS.update(graph_moves.handlers(_to, _type_as))
 attention.register_eager_flex_attention(lambda: EmulatorMode())
 
 # Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
@@ -545,6 +557,10 @@ class EmulatorMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         """`handle_torch_function` with its usual case inlined: every torch call of a program comes here."""
         __tracebackhide__ = True
+        for cls in types:  # a program's subclass with a __torch_function__ runs it first, as in PyTorch
+            if cls is not EmulatedTensor and cls is not torch.Tensor and subclasses.has_own_torch_function(cls) \
+                    and torch._C._is_torch_function_enabled():
+                return subclasses.run_torch_function(EmulatorMode, func, types, args, kwargs or {})
         if kwargs or func in _ROUTED:
             return handle_torch_function(func, args, kwargs)
         try:

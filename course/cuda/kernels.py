@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, sync_debug
+from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, quantized, sync_debug
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -80,9 +80,11 @@ class _OpInfo:
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
-        # What a GPU refuses that the CPU runs: a matrix product of integers, an op with no CUDA kernel at all.
+        # What a GPU refuses that the CPU runs: a matrix product of integers, an op with no CUDA kernel at all, or
+        # none for quantized tensors.
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
-        self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else host_only_ops.refusal(func)
+        self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else (
+            host_only_ops.refusal(func) or quantized.refusal(func))
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build

@@ -1,9 +1,17 @@
-"""Python tensor subclasses (`x.as_subclass(MyTensor)`, `torch.Tensor._make_subclass`) of tensors on emulated GPUs.
+"""Python tensor subclasses (`x.as_subclass(MyTensor)`, `torch.Tensor._make_subclass`) and their `__torch_function__`.
+
+A program's subclass overrides `__torch_function__` (or inherits PyTorch's default, which keeps the subclass through
+ops: torch/_tensor.py, Tensor.__torch_function__ and _convert). The emulator's torch-function mode sees every call
+first, and runs it with subclasses' handlers switched off: for such a subclass, the mode runs the subclass's handler
+instead, with the mode back on underneath, as PyTorch runs a subclass's handler after a mode's (torch/overrides.py,
+handle_torch_function).
 
 An emulated GPU tensor is itself a Python subclass (devices.EmulatedTensor), and PyTorch ties one Python object to
-each tensor: re-classing it as the program's own subclass fails in C++ with a message about EmulatedTensor that
-reads like the program's bug. Such calls raise an error naming what the emulator does not model instead. Subclasses
-made on the host (and kept there), wrapper subclasses (`_make_wrapper_subclass`) and nn.Parameter work.
+each tensor, so it cannot be re-classed in C++. `as_subclass(MyTensor)` of one is an alias (as PyTorch's is: it
+stays in the autograd graph and shares memory) whose class is MyTensor's twin on emulated GPUs: a class built on
+MyTensor and EmulatedTensor, named as MyTensor, so isinstance, MyTensor's methods and its `__torch_function__` are
+MyTensor's and the device, values and timing the emulator's. `type(t) is MyTensor` is False. A subclass with its own
+`__torch_dispatch__` is refused by name: its dispatch would stand in front of the emulator's.
 """
 from __future__ import annotations
 
@@ -12,27 +20,82 @@ import functools
 import torch
 
 from course.cuda.cuda_bindings import not_modelled
+from course.cuda.devices import EmulatedTensor, hooks
 
-_TIED = "already associated to a python object of type EmulatedTensor"
-
-
-def _named(method, cls_at: int):
-    """`method`, whose argument `cls_at` is the subclass, with the C++ error replaced by one that names it."""
-
-    @functools.wraps(method)
-    def reclass(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except RuntimeError as error:
-            if _TIED not in str(error):
-                raise
-            cls = kwargs.get("cls", args[cls_at] if len(args) > cls_at else None)
-            name = getattr(cls, "__name__", "a tensor subclass")
-            raise not_modelled(f"Re-classing a tensor on an emulated GPU as the Python subclass {name}",
-                               "make the subclass a wrapper (torch.Tensor._make_wrapper_subclass), keep its tensors "
-                               "on the CPU, or run this part on a real GPU") from None
-    return reclass
+_as_subclass = torch.Tensor.as_subclass
+_make_subclass = torch.Tensor._make_subclass
 
 
-PATCHES = [(torch.Tensor, {"as_subclass": _named(torch.Tensor.as_subclass, 1),
-                           "_make_subclass": staticmethod(_named(torch.Tensor._make_subclass, 0))})]
+class _SubclassOnGPU(EmulatedTensor):
+    """The base of the twins: PyTorch's default `__torch_function__` (Tensor.__torch_function__) over the emulator's
+    routing: the op runs as the emulator runs it, and the tensors it returns come back as the subclass."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True
+        result = hooks.torch_function(func, args, kwargs or {})
+        if func in torch.overrides.get_default_nowrap_functions():
+            return result
+        return torch._tensor._convert(result, cls)
+
+
+@functools.cache
+def _twin(cls: type) -> type:
+    """MyTensor's class on emulated GPUs: MyTensor's behaviour, over an emulated GPU tensor's."""
+    if any("__torch_dispatch__" in vars(base) for base in cls.__mro__ if base not in (torch.Tensor, torch._C.TensorBase)):
+        raise not_modelled(f"A tensor on an emulated GPU as the subclass {cls.__name__}, which has its own "
+                           "__torch_dispatch__,", "make the subclass a wrapper (torch.Tensor._make_wrapper_subclass) "
+                           "over the GPU tensor, keep its tensors on the CPU, or run this part on a real GPU")
+    return type(cls.__name__, (cls, _SubclassOnGPU), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+
+def _user_class(cls: type) -> type:
+    return cls.__mro__[1] if issubclass(cls, _SubclassOnGPU) and cls is not _SubclassOnGPU else cls
+
+
+def _reclassed(tensor: EmulatedTensor, cls: type) -> EmulatedTensor:
+    if cls in (torch.Tensor, EmulatedTensor):
+        return tensor
+    tensor.__class__ = _twin(_user_class(cls))  # a fresh Python object, which only this call holds
+    return tensor
+
+
+def as_subclass(self, cls):
+    """`Tensor.as_subclass`: an alias of the GPU tensor as MyTensor's twin; on the host, PyTorch's own."""
+    if not isinstance(self, EmulatedTensor):
+        return _as_subclass(self, _user_class(cls))
+    with torch._C.DisableTorchFunctionSubclass():
+        return _reclassed(torch.ops.aten.alias.default(self), cls)
+
+
+def make_subclass(cls, data, requires_grad=False, **kwargs):
+    """`Tensor._make_subclass` (nn.Parameter subclasses use it): the data detached, as MyTensor's twin. Its
+    signature is the one torch._dynamo's polyfill of it checks (torch/_dynamo/polyfills/tensor.py)."""
+    if not isinstance(data, EmulatedTensor):
+        return _make_subclass(_user_class(cls), data, requires_grad, **kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return _reclassed(data.detach().requires_grad_(requires_grad), cls)
+
+
+@functools.cache
+def has_own_torch_function(cls: type) -> bool:
+    """Whether a program's subclass handles torch functions itself (PyTorch's and the emulator's own do not)."""
+    handler = getattr(cls, "__torch_function__", None)
+    return not (cls.__module__ or "").startswith(("torch", "course")) and \
+        getattr(handler, "__func__", handler) is not torch._C._disabled_torch_function_impl
+
+
+def run_torch_function(mode_type, func, types, args, kwargs):
+    """The subclasses' `__torch_function__`, in PyTorch's order, with an emulator mode back on underneath; the
+    emulator's own handling if each answers NotImplemented."""
+    __tracebackhide__ = True
+    for cls in types:
+        if has_own_torch_function(cls):
+            with mode_type():
+                result = cls.__torch_function__(func, types, args, kwargs)
+            if result is not NotImplemented:
+                return result
+    return hooks.torch_function(func, args, kwargs)
+
+
+PATCHES = [(torch.Tensor, {"as_subclass": as_subclass, "_make_subclass": staticmethod(make_subclass)})]
