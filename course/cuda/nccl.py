@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course.cuda import cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives, graphs
+from course.cuda import cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives, graphs, nccl_checks
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator
 from course.cuda.kernels import host_scratch_ready, mark_host_scratch
 from course.machine import costs
@@ -162,7 +162,8 @@ class _Recv(_Done):
         super().__init__(group, 0, list(tensors))
         self._tensors, self._src = tensors, src
         self._sender_ready = torch.zeros(1, dtype=_TIME)
-        self._pending = [group._gloo.recv(_unwrap(tensors), src, tag),
+        self._buffers = [t.contiguous() for t in _unwrap(tensors)]  # NCCL receives into any layout, gloo does not
+        self._pending = [group._gloo.recv(self._buffers, src, tag),
                          group._gloo.recv([self._sender_ready], src, tag)]
         self._done = False
 
@@ -171,6 +172,9 @@ class _Recv(_Done):
             for work in self._pending:
                 work.wait()
             self._pending.clear()
+            for tensor, buffer in zip(_unwrap(self._tensors), self._buffers):
+                if buffer is not tensor:
+                    tensor.copy_(buffer)
             self._end_ns = self._group._finish_recv(self._tensors, self._src, int(self._sender_ready))
             self._done = True
         self._group._current_stream_waits(self._end_ns)
@@ -333,18 +337,28 @@ class EmulatedNCCL(dist.ProcessGroup):
         with emu.clock.lock:
             emu.clock.stream_ready_ns[key] = max(emu.clock.stream_ready(*key), end_ns)
 
-    def _collective(self, name: str, cost, call, inputs, outputs, nbytes: int):
-        """Run `call` on the CPU tensors through gloo, then charge `cost(nbytes)` from the agreed start."""
+    def _collective(self, name: str, cost, call, inputs, outputs, nbytes: int, finish=None):
+        """Run `call` on the CPU tensors through gloo, then charge `cost(nbytes)` from the agreed start. `finish`
+        then completes the outputs (nccl_checks.reduction): after the one wait, since a gloo work may write its
+        output again at each wait (reduce_scatter's)."""
         tensors = _flat(inputs) + _flat(outputs)
+        nccl_checks.check_tensors(tensors)
         device, stream = self._lane(tensors)
         start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
         _needs_values(name, tensors)
         call().wait()
+        if finish is not None:
+            finish()
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
         self._gloo.allreduce([start], opts).wait()
         end = self._charge(name, tensors, _flat(outputs), cost(nbytes), int(start), nbytes)
         return _Done(self, end, outputs if isinstance(outputs, list) else [outputs])
+
+    def _reduction(self, opts, tensors):
+        """ProcessGroupNCCL's checks before a reduction changes anything (PREMUL_SUM scales inputs in place)."""
+        nccl_checks.check_tensors(_flat(tensors))
+        return nccl_checks.reduction(opts, _flat(tensors), self.size())
 
     def _link_cost(self, model):
         link, n = self._emu.collective_link(range(self.size())), self.size()
@@ -354,18 +368,20 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        finish = self._reduction(opts, tensors)
         inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
         return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
-                                lambda: self._gloo.allreduce(inner, opts), tensors, tensors,
-                                _nbytes(tensors))
+                                lambda: self._gloo.allreduce(inner, opts), tensors, tensors, _nbytes(tensors),
+                                lambda: finish(inner))
 
     @_capturable
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
+        finish = self._reduction(opts, tensors)
         inner = _premul_sum(opts, _unwrap(tensors), in_place=True)
         return self._collective("all_reduce", self._link_cost(costs.ring_allreduce_ns),
                                 lambda: self._gloo.allreduce_coalesced(inner, opts), tensors, tensors,
-                                _nbytes(tensors))
+                                _nbytes(tensors), lambda: finish(inner))
 
     @_capturable
     def broadcast(self, tensors, opts=None):
@@ -377,18 +393,22 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
+        finish = self._reduction(opts, tensors)
         inner = _unwrap(tensors)
+        root = self.rank() == opts.rootRank
         scaled = _premul_sum(opts, inner, in_place=False)
+        if scaled is inner and not root:  # NCCL writes only the root's buffer; gloo leaves partial results in others'
+            scaled = [t.clone() for t in inner]
 
         def call():
             work = self._gloo.reduce(scaled, opts)
             if scaled is not inner:
                 work.wait()
-                if self.rank() == opts.rootRank:
+                if root:
                     inner[opts.rootTensor].copy_(scaled[opts.rootTensor])
             return work
         return self._collective("reduce", self._link_cost(costs.broadcast_ns), call, tensors, tensors,
-                                _nbytes(tensors))
+                                _nbytes(tensors), lambda: finish(inner if root else []))
 
     @_capturable
     def allgather(self, output_lists, inputs, opts=None):
@@ -448,19 +468,21 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
+        finish = self._reduction(opts, [outputs, input_lists])
         own, inputs = _unwrap(outputs), _premul_sum(opts, _unwrap(input_lists), in_place=False)
         call = (functools.partial(self._gloo.reduce_scatter, own, inputs, opts) if _same_sizes(inputs[0])
                 else functools.partial(self._reduce_each, own[0], inputs[0], opts))
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns), call,
-                                input_lists, outputs, _nbytes(_flat(input_lists)))
+                                input_lists, outputs, _nbytes(_flat(input_lists)), lambda: finish(own))
 
     @_capturable
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
+        finish = self._reduction(opts, [output, input])
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
                                 lambda: self._gloo._reduce_scatter_base(
                                     _by_count(output), _premul_sum(opts, _by_count(input), in_place=False), opts),
-                                [input], [output], _nbytes([input]))
+                                [input], [output], _nbytes([input]), lambda: finish([_unwrap(output)]))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -519,10 +541,12 @@ class EmulatedNCCL(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int = 0):
         """Post the values and this rank's ready time; the sender's stream is busy for the transfer."""
         _needs_values("send", tensors)
+        nccl_checks.check_tensors(tensors, p2p=True)
         device, stream = self._lane(tensors)
         ready = self._ready_ns(tensors, device, stream)
         clock_msg = torch.tensor([ready], dtype=_TIME)
-        works = [self._gloo.send(_unwrap(tensors), dst, tag), self._gloo.send([clock_msg], dst, tag)]
+        works = [self._gloo.send([t.contiguous() for t in _unwrap(tensors)], dst, tag),
+                 self._gloo.send([clock_msg], dst, tag)]
         nbytes = _nbytes(tensors)
         end = self._charge(f"send to {dst}", tensors, [], costs.copy_ns(self._emu.link, nbytes), ready, nbytes)
         return _Done(self, end, list(tensors), pending=works)
@@ -530,6 +554,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def recv(self, tensors, src: int, tag: int = 0):
         _needs_values("recv", tensors)
+        nccl_checks.check_tensors(tensors, p2p=True)
         return _Recv(self, tensors, src, tag)
 
     def _finish_recv(self, tensors, src: int, sender_ready_ns: int) -> int:
