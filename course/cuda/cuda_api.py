@@ -14,8 +14,8 @@ import warnings
 
 import torch
 
-from course.cuda import (cuda_bindings, device_properties, exporting, graphs, nested_jagged, rng, sharing, sync_debug,
-                         torchscript, wall_clock)
+from course.cuda import (cuda_bindings, device_properties, exporting, fake_cache, graphs, nested_jagged, rng, sharing,
+                         sync_debug, torchscript, wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -618,9 +618,11 @@ DEVICE_BINDINGS = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors,
-    torch.nested's constructors and jagged tensors' wrapper, TorchScript's save and load."""
+    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors and the
+    fake dispatch cache (fake_cache.py), torch.nested's constructors and jagged tensors' wrapper, TorchScript's save
+    and load."""
     return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
             + rng.patches(num_gpus) + [(torch.export, {"export": exporting.export})] + DLPACK_PATCHES
-            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + NESTED_PATCHES
+            + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + fake_cache.PATCHES
+            + NESTED_PATCHES
             + nested_jagged.PATCHES + torchscript.patches())
