@@ -324,3 +324,57 @@ def test_ddp_takes_the_bf16_compress_hook_as_on_a_cuda_box():
     for grad in grads:
         torch.testing.assert_close(grad, compressed)
         assert not torch.equal(grad, exact)
+
+
+def _reductions_as_nccl(rank, world_size):
+    torch.cuda.set_device(rank)
+    mine = torch.tensor([rank + 1, -(rank + 2), 7], dtype=torch.int32, device="cuda")
+    out = {}
+    t = mine.clone(); dist.reduce(t, dst=1); out["reduce"] = t.cpu()
+    t = mine.clone(); dist.all_reduce(t, op=dist.ReduceOp.AVG); out["avg"] = t.cpu()
+    big = torch.arange(2 * world_size, dtype=torch.int64, device="cuda") * (rank + 1)
+    part = torch.empty(2, dtype=torch.int64, device="cuda")
+    dist.reduce_scatter_tensor(part, big, op=dist.ReduceOp.AVG); out["rs_avg"] = part.cpu()
+    refusals = {"band": lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.BAND),
+                "premul_int": lambda: dist.all_reduce(mine.clone(), op=dist._make_nccl_premul_sum(0.5)),
+                "avg_bool": lambda: dist.all_reduce(mine.bool(), op=dist.ReduceOp.AVG),
+                "non_contiguous": lambda: dist.all_reduce(torch.ones(3, 2, device="cuda").t()),
+                "complex": lambda: dist.gather(torch.ones(2, dtype=torch.complex64, device="cuda"),
+                                               [torch.empty(2, dtype=torch.complex64, device="cuda")] * world_size
+                                               if rank == 0 else None, dst=0)}
+    for name, call in refusals.items():
+        try:
+            call()
+            out[name] = None
+        except (ValueError, TypeError) as error:
+            out[name] = (type(error).__name__, str(error))
+    grid = torch.arange(6.0, device="cuda").reshape(2, 3) + 10 * rank
+    got = torch.zeros(3, 2, device="cuda").t()  # NCCL sends and receives any layout
+    peer = (rank + 1) % world_size
+    works = [dist.isend(grid.t().contiguous().t(), peer), dist.irecv(got, (rank - 1) % world_size)]
+    for work in works:
+        work.wait()
+    out["p2p"] = got.cpu()
+    return out
+
+
+def test_reductions_and_refusals_are_nccls_not_gloos():
+    """What ProcessGroupNCCL does where gloo underneath differs (course/cuda/nccl_checks.py): reduce leaves the other
+    ranks' buffers alone, AVG of integers truncates, and what NCCL refuses raises its error."""
+    world_size = 3
+    with course.emulate(gpus=world_size):
+        got = course.run_threads(_reductions_as_nccl, world_size, backend="nccl")
+    mine = [torch.tensor([r + 1, -(r + 2), 7], dtype=torch.int32) for r in range(world_size)]
+    total = sum(mine)
+    big_sum = torch.arange(2 * world_size) * sum(r + 1 for r in range(world_size))
+    for rank, out in enumerate(got):
+        assert torch.equal(out["reduce"], total if rank == 1 else mine[rank])
+        assert torch.equal(out["avg"], torch.div(total, world_size, rounding_mode="trunc"))
+        assert torch.equal(out["rs_avg"], torch.div(big_sum, world_size, rounding_mode="trunc")[2 * rank:2 * rank + 2])
+        assert out["band"] == ("ValueError", "Cannot use ReduceOp.BAND with NCCL")
+        assert out["premul_int"] == ("TypeError", "PreMulSum Data type must be half, float, bfloat16 or double")
+        assert out["avg_bool"] == ("TypeError", "Cannot use ReduceOp.AVG with boolean inputs")
+        assert out["non_contiguous"] == ("ValueError", "Tensors must be contiguous")
+        assert out["complex"][0] == "TypeError" and "not supported for NCCL" in out["complex"][1]
+        sender = (rank - 1) % world_size
+        assert torch.equal(out["p2p"], torch.arange(6.0).reshape(2, 3) + 10 * sender)

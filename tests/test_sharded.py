@@ -12,6 +12,7 @@ from torch.distributed.fsdp import fully_shard
 
 import course
 from course.cuda import fsdp2
+from course.cuda.cuda_bindings import NotModelledError
 
 def _mlp():
     torch.manual_seed(3)  # each rank thread seeds its own generator (course/cuda/rank_rng.py)
@@ -366,3 +367,31 @@ def test_run_threads_leaves_no_process_group_threads_behind():
         for _ in range(3):
             course.run_threads(_fsdp_rank, 2, backend="nccl")
     assert _os_threads() <= before
+
+
+def _dtensor_with_a_scalar(rank, world_size):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    torch.manual_seed(0)
+    full, scale = torch.randn(6, 4), torch.tensor(2.5)
+    out = []
+    for _ in range(20):  # rank threads share FakeTensorMode's cache: each rank's sharding propagation must see its GPU
+        x = distribute_tensor(full, mesh, [Shard(0)])
+        s = distribute_tensor(scale, mesh, [Replicate()])
+        out.append((x * s + s).full_tensor().cpu())
+    try:
+        torch.distributed.tensor.randn(4, 4, device_mesh=mesh, placements=[Shard(0)])
+        refusal = None
+    except NotModelledError as error:
+        refusal = str(error)
+    return full, scale, out, refusal
+
+
+def test_dtensor_ops_with_a_zero_dim_dtensor_in_rank_threads_and_random_ops_refused():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_dtensor_with_a_scalar, 2, backend="nccl")
+    for full, scale, out, refusal in results:
+        for got in out:
+            torch.testing.assert_close(got, full * scale + scale)
+        assert "OffsetBasedRNGTracker" in refusal and "not modelled" in refusal

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from course.cuda import cuda_api, dcp_staging, fsdp1, fsdp2, functional_collectives, graphs, nccl_checks
+from course.cuda import (cuda_api, dcp_staging, dtensor_random, fsdp1, fsdp2, functional_collectives, graphs,
+                         nccl_checks)
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator
 from course.cuda.kernels import host_scratch_ready, mark_host_scratch
 from course.machine import costs
@@ -574,7 +575,8 @@ class EmulatedNCCL(dist.ProcessGroup):
 def _install_sharded_support(emu) -> None:
     """FSDP2's storage handling (and backward hooks inside the emulator, which its pre-backward all-gather
     needs), FSDP1's flat-parameter sharding (course/cuda/fsdp1.py), DCP's async staging
-    (course/cuda/dcp_staging.py) and funcol's wrapper, in place once their torch modules are imported.
+    (course/cuda/dcp_staging.py), DTensor's random ops refused (course/cuda/dtensor_random.py) and funcol's
+    wrapper, in place once their torch modules are imported.
 
     Importing FSDP or DTensor costs about a second, so the emulator does not do it for every program. Any use
     of them goes through an emulated NCCL group (made, named by a DeviceMesh, used for a collective), which
@@ -585,7 +587,7 @@ def _install_sharded_support(emu) -> None:
         for target, replacements in fsdp2.patches():
             emu._patch(target, replacements)  # undone when the emulator stops
     for target, replacements in (fsdp2.dtensor_patches() + fsdp2.init_patches() + fsdp1.patches()
-                                 + dcp_staging.patches()):
+                                 + dcp_staging.patches() + dtensor_random.patches()):
         emu._patch(target, replacements)
     functional_collectives.register()
 
