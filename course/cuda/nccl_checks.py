@@ -30,9 +30,9 @@ def _dense_in_its_format(tensor) -> bool:
 
 def check_tensors(tensors, p2p: bool = False) -> None:
     """check_gpu_single_tensor and getNcclDataType for each tensor (send/recv may be non-contiguous, with a warning
-    on a GPU that the two sides must agree on the layout)."""
+    on a GPU that the two sides must agree on the layout; sparse tensors keep the path they had)."""
     for tensor in tensors:
-        if not p2p and not _dense_in_its_format(tensor):
+        if not p2p and tensor.layout == torch.strided and not _dense_in_its_format(tensor):
             raise ValueError("Tensors must be contiguous")
         if tensor.dtype not in NCCL_DTYPES:
             raise TypeError(f"Input tensor data type is not supported for NCCL process group: {tensor.dtype}")
