@@ -222,6 +222,22 @@ def test_integer_matrix_products_raise_cudas_error(emu):
     assert ((a.cuda().half() @ a.cuda().half()).cpu() == 2).all()
 
 
+def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
+    """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
+    __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently
+    wrong (the OpInfo sweep found it). Real dtypes take the same path as before."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.complex64, torch.complex128, torch.float64):
+        a, b = torch.randn(4, 4, dtype=dtype, generator=gen), torch.randn(4, 2, dtype=dtype, generator=gen)
+        for call in (torch.linalg.pinv, torch.pinverse, lambda m: torch.linalg.lstsq(m, b.to(m.device)).solution,
+                     lambda m: torch.linalg.pinv(m @ m.mH, hermitian=True), lambda m: (m.conj() @ m.mT).conj()):
+            got = call(a.cuda(1))
+            assert got.device == torch.device("cuda", 1) and got.dtype == dtype
+            torch.testing.assert_close(got.cpu(), call(a))
+    z = torch.randn(3, 3, dtype=torch.complex64, generator=gen)
+    assert not torch.equal(torch.linalg.pinv(z), torch.linalg.pinv(z.conj().resolve_conj()))  # the bit matters
+
+
 def test_integer_vector_products_raise_cudas_error(emu):
     """CUDA's dot (which a real vdot calls) and addmv (which mv runs on) dispatch floating and complex dtypes only,
     as its matrix products do (aten/src/ATen/native/cuda/Blas.cpp); addmv returns zeros for an empty matrix before

@@ -314,7 +314,10 @@ def run_kernel(emu, func, args, kwargs):
     if info.gpu_check is not None and device is not None and device != CPU:
         info.gpu_check(un_args)
     try:
-        out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
+        if any(t.is_complex() for t in tensors):
+            out = _with_view_bits(info.kernel, un_args, un_kwargs)
+        else:
+            out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:
         if any(t.is_meta for t in tensors if not isinstance(t, EmulatedTensor)) or any(
                 t._inner.is_meta for t in emulated):
@@ -388,6 +391,20 @@ def run_kernel(emu, func, args, kwargs):
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+_set_excluded = torch._C._SetExcludeDispatchKeyGuard
+_CONJUGATE, _NEGATIVE = torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative
+
+
+def _with_view_bits(kernel, args, kwargs):
+    """Run a kernel with the dispatcher's Conjugate and Negative fallbacks on, as a CPU or CUDA kernel runs.
+
+    Inside __torch_dispatch__ every key above Python is excluded, those two included; a kernel that builds a lazy
+    conjugate view of a complex tensor itself (`linalg_pinv`'s `Vh.mH() * S`, `linalg_lstsq`) then computed with the
+    conjugate bit ignored: a silently wrong answer. Only complex tensors carry those bits, so only their ops pay."""
+    with _set_excluded(_CONJUGATE, False), _set_excluded(_NEGATIVE, False):
+        return kernel(*args, **kwargs)
 
 
 def _follow_new_metadata(emu, tensor: EmulatedTensor, args, device: int) -> None:
