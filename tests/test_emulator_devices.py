@@ -7,6 +7,7 @@ import numpy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import course
 
@@ -220,6 +221,51 @@ def test_integer_matrix_products_raise_cudas_error(emu):
     with pytest.raises(RuntimeError, match="\"addmm_cuda\" not implemented for 'Bool'"):
         a.bool().cuda() @ a.bool().cuda()
     assert ((a.cuda().half() @ a.cuda().half()).cpu() == 2).all()
+
+
+def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
+    """CUDA kernels with fewer dtypes than the CPU's (course/cuda/kernel_dtypes.py): a uint8 bilinear resize, an
+    integer max/avg pool or convolution, a half-precision angle or igamma, an integer addbmm or F.bilinear ran here and
+    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU."""
+    img = torch.arange(32, dtype=torch.uint8).reshape(1, 2, 4, 4)
+    inputs = (img, img.long(), torch.ones(3, 2, 2, dtype=torch.long), torch.linspace(0.1, 1, 5, dtype=torch.float16))
+    calls = [(lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bilinear"), "upsample_bilinear2d_out_frame",
+              "Byte"),
+             (lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bicubic"), "upsample_bicubic2d_out_frame",
+              "Byte"),
+             (lambda x, xl, i, h: F.max_pool2d(xl, 2), "max_pool2d_with_indices_out_cuda_frame", "Long"),
+             (lambda x, xl, i, h: F.avg_pool2d(xl, 2), "avg_pool2d_out_cuda_frame", "Long"),
+             (lambda x, xl, i, h: F.conv2d(xl, i[:1, None].expand(3, 2, 2, 2)), "slow_conv2d_cuda", "Long"),
+             (lambda x, xl, i, h: torch.angle(h), "angle_cuda", "Half"),
+             (lambda x, xl, i, h: torch.igamma(h, h), "igamma_cuda", "Half"),
+             (lambda x, xl, i, h: torch.histc(h.bfloat16() if h.dtype == torch.float16 else h), "histc",
+              "BFloat16"),
+             (lambda x, xl, i, h: torch.addbmm(i[0], i, i), "addmm_cuda", "Long"),
+             (lambda x, xl, i, h: F.bilinear(i[0], i[0], i), "baddbmm_cuda", "Long")]
+    for call, name, c10_name in calls:
+        with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'{c10_name}\''):
+            call(*[t.cuda(1) for t in inputs])
+        call(*inputs)  # the host's kernels are untouched
+        floats = [t.double() if t.dtype != torch.float16 else t.float() for t in inputs]
+        got = call(*[t.cuda(1) for t in floats])
+        assert got.device == torch.device("cuda", 1)
+        torch.testing.assert_close(got.cpu(), call(*floats))
+    with pytest.raises(RuntimeError, match="HalfTensor is not supported"):
+        torch.histc(inputs[3].cuda())
+    same_size = F.interpolate(img.cuda(), size=(4, 4), mode="bilinear")  # copied before the kernel's dispatch
+    assert same_size.dtype == torch.uint8 and torch.equal(same_size.cpu(), img)
+
+
+def test_factories_take_gpu_scalars_as_keywords(emu):
+    """`torch.linspace(start=gpu_scalar, end=gpu_scalar, device="cuda")`, as torch.signal.windows.kaiser calls it, made
+    a GPU tensor wrapped in another, whose .cpu() stayed on cuda:0: silently on the wrong device."""
+    beta = torch.tensor(12.0, device="cuda:1")
+    k = torch.linspace(start=-beta, end=beta, steps=5, device="cuda")
+    assert k.device == torch.device("cuda", 0) and k.cpu().device == torch.device("cpu")
+    assert torch.equal(k.cpu(), torch.linspace(-12.0, 12.0, 5))
+    window = torch.signal.windows.kaiser(4, beta=12.0, device="cuda")
+    assert window.cpu().device == torch.device("cpu")
+    torch.testing.assert_close(window.cpu(), torch.signal.windows.kaiser(4, beta=12.0))
 
 
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):

@@ -76,6 +76,9 @@ def _create_on_device(func, device, args, kwargs):
     requires_grad = kwargs.pop("requires_grad", False)
     kwargs.pop("pin_memory", None)
     args = tuple(_unwrap(a) for a in args)
+    # and keyword ones: `linspace(start=gpu_scalar, ...)` (torch.signal.windows.kaiser) made a GPU tensor inside a GPU
+    # tensor, whose .cpu() stayed on the GPU
+    kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
         shape_only = func(*args, **dict(kwargs, device="meta"))
         nbytes = shape_only.numel() * shape_only.element_size()

@@ -15,7 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, quantized, sync_debug
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, kernel_dtypes, quantized,
+                         sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -84,13 +85,20 @@ class _OpInfo:
         # none for quantized tensors.
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
         self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else (
-            host_only_ops.refusal(func) or quantized.refusal(func))
+            host_only_ops.refusal(func) or _both(quantized.refusal(func), kernel_dtypes.refusal(func)))
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
         # has in C++ (c10d's collectives, two aten/_native ops) are the emulator's to model.
         self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim") and \
             torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
+
+
+def _both(first, second):
+    """One check of two (avg_pool2d refuses quantized GPU tensors and integer ones), or the one there is."""
+    if first is None or second is None:
+        return first or second
+    return lambda args: (first(args), second(args))
 
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
