@@ -254,6 +254,11 @@ def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
         torch.histc(inputs[3].cuda())
     same_size = F.interpolate(img.cuda(), size=(4, 4), mode="bilinear")  # copied before the kernel's dispatch
     assert same_size.dtype == torch.uint8 and torch.equal(same_size.cpu(), img)
+    flags, index = torch.tensor([True, False, True]), torch.tensor([0, 1, 1])
+    with pytest.raises(NotImplementedError, match="\"cuda_scatter_gather_base_kernel_func\" not implemented for 'Bool'"):
+        flags.cuda().scatter_reduce(0, index.cuda(), flags.cuda(), "amax")
+    summed = flags.cuda().scatter_reduce(0, index.cuda(), flags.cuda(), "sum")  # its kernel takes Bool
+    assert torch.equal(summed.cpu(), flags.scatter_reduce(0, index, flags, "sum"))
 
 
 def test_factories_take_gpu_scalars_as_keywords(emu):

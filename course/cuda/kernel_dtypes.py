@@ -4,7 +4,8 @@ Each entry is the op, the name its CUDA kernel's AT_DISPATCH macro gives (the er
 that the CPU kernel has, read from the CUDA sources in aten/src/ATen/native/cuda/: UnaryComplexKernels.cu (angle:
 floating and complex only), IGammaKernel.cu (igamma, igammac: floating only), SummaryOps.cu (`_histc_cuda`: no Half, no
 BFloat16), UpSampleBilinear2d.cu and UpSampleBicubic2d.cu (floating only), DilatedMaxPool2d.cu, DilatedMaxPool3d.cu,
-AveragePool2d.cu, AveragePool3d.cu (floating only), Dropout.cu (`masked_scale`: floating only). Integer convolutions
+AveragePool2d.cu, AveragePool3d.cu (floating only), Dropout.cu (`masked_scale`: floating only), ScatterGatherKernel.cu
+(scatter_reduce's prod, amax, amin and mean: no Bool). Integer convolutions
 run on the CPU's slow kernels; on CUDA the slow kernels `_select_conv_backend` (Convolution.cpp) falls back to dispatch
 floating dtypes only (ConvolutionMM2d.cu, DilatedConvolution.cu, DepthwiseConv2d.cu, NaiveConvolutionTranspose2d.cu and
 3d.cu), so the error names the one that backend choice reads as picked.
@@ -42,6 +43,8 @@ _REFUSED = {
     aten.avg_pool2d: ("avg_pool2d_out_cuda_frame", _INTEGERS, False),
     aten.avg_pool3d: ("avg_pool3d_out_cuda", _INTEGERS, False),
     aten.native_dropout_backward: ("masked_scale", _INTEGERS, False),
+    aten.scatter_reduce: ("cuda_scatter_gather_base_kernel_func", frozenset({torch.bool}), False),  # not for "sum"
+    aten.scatter_reduce_: ("cuda_scatter_gather_base_kernel_func", frozenset({torch.bool}), False),
     aten.convolution: (None, _INTEGERS, False),  # the name depends on the slow kernel chosen: _convolution_kernel
 }
 
@@ -67,11 +70,13 @@ def refusal(func):
 
     def refuse(args) -> None:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not tensors or tensors[0].numel() == 0:  # empty inputs return before the kernels' dispatch
+        if not tensors or any(t.numel() == 0 for t in tensors):  # empty inputs return before the kernels' dispatch
             return
         dtype = torch.result_type(tensors[0], args[1]) if common else tensors[0].dtype
         if dtype not in refused:
             return
+        if func._overloadpacket in (aten.scatter_reduce, aten.scatter_reduce_) and args[4] == "sum":
+            return  # its ReduceAdd kernel dispatches Bool too
         if func._overloadpacket is aten.histc and dtype is torch.float16:
             raise RuntimeError("HalfTensor is not supported")  # _histc_cuda checks Half before its dispatch
         if func._overloadpacket is aten.upsample_bilinear2d and tensors[0].shape[2:] == tuple(args[1] or ()):
