@@ -273,6 +273,30 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
     torch.testing.assert_close(window.cpu(), torch.signal.windows.kaiser(4, beta=12.0))
 
 
+def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
+    """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
+    forward and backward (autocast's), nansum/nanmean of complex tensors, `copy` given positionally to Tensor.to."""
+    gen = torch.Generator().manual_seed(0)
+    x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
+    for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
+                              (torch.ops.aten._log_softmax, torch.ops.aten._log_softmax_backward_data)):
+        out = forward(x.half().cuda(1), 1, True)
+        assert out.dtype == torch.float32 and out.device == torch.device("cuda", 1)
+        torch.testing.assert_close(out.cpu(), forward(x.half().float(), 1, False))
+        back = backward(grad.cuda(1), out, 1, torch.float16)
+        assert back.dtype == torch.float16
+        torch.testing.assert_close(back.cpu(), backward(grad, out.cpu(), 1, torch.float32).half())
+        with pytest.raises(RuntimeError, match="conversion is supported for Half type only"):
+            forward(x.cuda(), 1, True)
+    nan = float("nan")
+    z = torch.tensor([1 + 1j, complex(nan, 1), 2 - 1j, complex(1, nan)])
+    assert torch.nansum(z.cuda()).item() == 3 and torch.nanmean(z.cuda()).item() == 1.5
+    copied = x.cuda().to(torch.float32, False, True)
+    assert copied.device == torch.device("cuda", 0) and torch.equal(copied.cpu(), x)
+    moved = x.to("cuda:1", torch.float64, False, True)
+    assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
+
+
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
     """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
     __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently

@@ -145,7 +145,46 @@ def cudnn_convolution_transpose(x, weight, padding, output_padding, stride, dila
     return aten.convolution.default(x, weight, None, stride, padding, dilation, True, output_padding, groups)
 
 
+def _softmax_kernel(op):
+    """CUDA's softmax and log-softmax take `half_to_float`: a float result from a half input, computed in float as
+    autocast's softmax asks (SoftMax.cu, softmax_cuda_out: 'conversion is supported for Half type only'); the CPU
+    kernel refuses the flag."""
+    def kernel(x, dim, half_to_float):
+        if not half_to_float:
+            return op(x, dim, False)
+        if x.dtype != torch.float16:
+            raise RuntimeError("conversion is supported for Half type only")
+        return op(x.float(), dim, False)
+    return kernel
+
+
+def _softmax_backward_kernel(op):
+    """Their backward takes a float gradient for a half input and returns the half one, computed in float
+    (SoftMax.cu, softmax_backward_cuda_out); the CPU kernel refuses the mix."""
+    def kernel(grad, output, dim, input_dtype):
+        if grad.dtype == input_dtype:
+            return op(grad, output, dim, input_dtype)
+        if not (grad.dtype == torch.float32 and input_dtype == torch.float16):
+            raise RuntimeError("expected input and grad types to match, or input to be at::Half and grad to be "
+                               "at::Float")
+        return op(grad, output, dim, grad.dtype).to(input_dtype)
+    return kernel
+
+
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    """CUDA's nansum takes complex inputs, skipping an element whose real or imaginary part is NaN (`_isnan` of a
+    complex, ReduceSumProdKernel.cu); the CPU kernel refuses complex ones."""
+    if not x.is_complex():
+        return aten.nansum.default(x, dim, keepdim, dtype=dtype)
+    return aten.sum.dim_IntList(torch.where(torch.isnan(x), 0, x), dim, keepdim, dtype=dtype)
+
+
 KERNELS = {
+    aten._softmax.default: _softmax_kernel(aten._softmax.default),
+    aten._log_softmax.default: _softmax_kernel(aten._log_softmax.default),
+    aten._softmax_backward_data.default: _softmax_backward_kernel(aten._softmax_backward_data.default),
+    aten._log_softmax_backward_data.default: _softmax_backward_kernel(aten._log_softmax_backward_data.default),
+    aten.nansum.default: nansum,
     aten.cudnn_convolution.default: cudnn_convolution,
     aten.cudnn_convolution_transpose.default: cudnn_convolution_transpose,
     aten.batch_norm_stats.default: batch_norm_stats,
