@@ -275,7 +275,8 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
 
 def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
-    forward and backward (autocast's), nansum/nanmean of complex tensors, `copy` given positionally to Tensor.to."""
+    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d and antialiased resizes, abs
+    and trace of bool, `copy` given positionally to Tensor.to."""
     gen = torch.Generator().manual_seed(0)
     x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
     for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
@@ -291,6 +292,19 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     nan = float("nan")
     z = torch.tensor([1 + 1j, complex(nan, 1), 2 - 1j, complex(1, nan)])
     assert torch.nansum(z.cuda()).item() == 3 and torch.nanmean(z.cuda()).item() == 1.5
+    for half in (torch.float16, torch.bfloat16):  # kernels CUDA has for half and computes in float; the CPU lacks them
+        volume = torch.randn(1, 2, 4, 4, 4, generator=gen).to(half).cuda(1).requires_grad_()
+        pooled = F.avg_pool3d(volume, 2)
+        assert pooled.dtype == half
+        torch.testing.assert_close(pooled.cpu(), F.avg_pool3d(volume.detach().cpu().float(), 2).to(half))
+        pooled.float().sum().backward()
+        assert volume.grad.dtype == half and (volume.grad.cpu() == 1 / 8).all()
+        resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
+        torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
+                                                                mode="bilinear", antialias=True).to(half))
+    flags = torch.tensor([[True, False], [True, True]])
+    assert torch.equal(torch.abs(flags.cuda()).cpu(), flags)
+    assert torch.trace(flags.cuda()).dtype == torch.int64 and torch.trace(flags.cuda()).item() == 2
     copied = x.cuda().to(torch.float32, False, True)
     assert copied.device == torch.device("cuda", 0) and torch.equal(copied.cpu(), x)
     moved = x.to("cuda:1", torch.float64, False, True)

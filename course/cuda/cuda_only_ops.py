@@ -179,7 +179,41 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
     return aten.sum.dim_IntList(torch.where(torch.isnan(x), 0, x), dim, keepdim, dtype=dtype)
 
 
+def _in_float(op):
+    """A CUDA kernel for half and bfloat16 that the CPU lacks, which computes in float and rounds its result
+    (AveragePool3d.cu, MultiMarginCriterion.cu, MultilabelMarginCriterion.cu, UpSampleBilinear2d.cu's antialiased
+    kernels all accumulate in `acc_type<scalar_t, true>`, float): the same in float on the CPU, rounded back."""
+    def kernel(*args, **kwargs):
+        halves = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)]
+        if not halves:
+            return op(*args, **kwargs)
+        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype == halves[0] else a for a in args]
+        out = op(*up, **kwargs)
+        down = lambda t: t.to(halves[0]) if t.dtype == torch.float32 else t
+        return tuple(down(t) for t in out) if isinstance(out, tuple) else down(out)
+    return kernel
+
+
+def abs_(x):
+    """CUDA's abs takes bool (the identity; AbsKernel.cu dispatches Bool), which the CPU kernel refuses."""
+    return x.clone() if x.dtype == torch.bool else aten.abs.default(x)
+
+
+def trace(x):
+    """CUDA's trace is the diagonal's sum (trace_cuda, TriangularOps.cu), so bool gives int64 as sum does; the CPU
+    kernel refuses bool."""
+    return aten.sum.default(x.diagonal()) if x.dtype == torch.bool else aten.trace.default(x)
+
+
+_FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default, aten.multi_margin_loss.default,
+                       aten.multi_margin_loss_backward.default, aten.multilabel_margin_loss_forward.default,
+                       aten.multilabel_margin_loss_backward.default, aten._upsample_bilinear2d_aa.default,
+                       aten._upsample_bilinear2d_aa_backward.default]
+
 KERNELS = {
+    **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
+    aten.abs.default: abs_,
+    aten.trace.default: trace,
     aten._softmax.default: _softmax_kernel(aten._softmax.default),
     aten._log_softmax.default: _softmax_kernel(aten._log_softmax.default),
     aten._softmax_backward_data.default: _softmax_backward_kernel(aten._softmax_backward_data.default),
