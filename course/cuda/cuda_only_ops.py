@@ -167,7 +167,7 @@ def _softmax_backward_kernel(op):
         if not (grad.dtype == torch.float32 and input_dtype == torch.float16):
             raise RuntimeError("expected input and grad types to match, or input to be at::Half and grad to be "
                                "at::Float")
-        return op(grad, output, dim, grad.dtype).to(input_dtype)
+        return op(grad, output.to(grad.dtype), dim, grad.dtype).to(input_dtype)
     return kernel
 
 
