@@ -7,6 +7,7 @@ import numpy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import course
 
@@ -220,6 +221,110 @@ def test_integer_matrix_products_raise_cudas_error(emu):
     with pytest.raises(RuntimeError, match="\"addmm_cuda\" not implemented for 'Bool'"):
         a.bool().cuda() @ a.bool().cuda()
     assert ((a.cuda().half() @ a.cuda().half()).cpu() == 2).all()
+
+
+def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
+    """CUDA kernels with fewer dtypes than the CPU's (course/cuda/kernel_dtypes.py): a uint8 bilinear resize, an
+    integer max/avg pool or convolution, a half-precision angle or igamma, an integer addbmm or F.bilinear ran here and
+    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU."""
+    img = torch.arange(32, dtype=torch.uint8).reshape(1, 2, 4, 4)
+    inputs = (img, img.long(), torch.ones(3, 2, 2, dtype=torch.long), torch.linspace(0.1, 1, 5, dtype=torch.float16))
+    calls = [(lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bilinear"), "upsample_bilinear2d_out_frame",
+              "Byte"),
+             (lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bicubic"), "upsample_bicubic2d_out_frame",
+              "Byte"),
+             (lambda x, xl, i, h: F.max_pool2d(xl, 2), "max_pool2d_with_indices_out_cuda_frame", "Long"),
+             (lambda x, xl, i, h: F.avg_pool2d(xl, 2), "avg_pool2d_out_cuda_frame", "Long"),
+             (lambda x, xl, i, h: F.conv2d(xl, i[:1, None].expand(3, 2, 2, 2)), "slow_conv2d_cuda", "Long"),
+             (lambda x, xl, i, h: torch.angle(h), "angle_cuda", "Half"),
+             (lambda x, xl, i, h: torch.igamma(h, h), "igamma_cuda", "Half"),
+             (lambda x, xl, i, h: torch.histc(h.bfloat16() if h.dtype == torch.float16 else h), "histc",
+              "BFloat16"),
+             (lambda x, xl, i, h: torch.addbmm(i[0], i, i), "addmm_cuda", "Long"),
+             (lambda x, xl, i, h: F.bilinear(i[0], i[0], i), "baddbmm_cuda", "Long")]
+    for call, name, c10_name in calls:
+        with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'{c10_name}\''):
+            call(*[t.cuda(1) for t in inputs])
+        call(*inputs)  # the host's kernels are untouched
+        floats = [t.double() if t.dtype != torch.float16 else t.float() for t in inputs]
+        got = call(*[t.cuda(1) for t in floats])
+        assert got.device == torch.device("cuda", 1)
+        torch.testing.assert_close(got.cpu(), call(*floats))
+    with pytest.raises(RuntimeError, match="HalfTensor is not supported"):
+        torch.histc(inputs[3].cuda())
+    same_size = F.interpolate(img.cuda(), size=(4, 4), mode="bilinear")  # copied before the kernel's dispatch
+    assert same_size.dtype == torch.uint8 and torch.equal(same_size.cpu(), img)
+    flags, index = torch.tensor([True, False, True]), torch.tensor([0, 1, 1])
+    with pytest.raises(NotImplementedError, match="\"cuda_scatter_gather_base_kernel_func\" not implemented for 'Bool'"):
+        flags.cuda().scatter_reduce(0, index.cuda(), flags.cuda(), "amax")
+    summed = flags.cuda().scatter_reduce(0, index.cuda(), flags.cuda(), "sum")  # its kernel takes Bool
+    assert torch.equal(summed.cpu(), flags.scatter_reduce(0, index, flags, "sum"))
+
+
+def test_factories_take_gpu_scalars_as_keywords(emu):
+    """`torch.linspace(start=gpu_scalar, end=gpu_scalar, device="cuda")`, as torch.signal.windows.kaiser calls it, made
+    a GPU tensor wrapped in another, whose .cpu() stayed on cuda:0: silently on the wrong device."""
+    beta = torch.tensor(12.0, device="cuda:1")
+    k = torch.linspace(start=-beta, end=beta, steps=5, device="cuda")
+    assert k.device == torch.device("cuda", 0) and k.cpu().device == torch.device("cpu")
+    assert torch.equal(k.cpu(), torch.linspace(-12.0, 12.0, 5))
+    window = torch.signal.windows.kaiser(4, beta=12.0, device="cuda")
+    assert window.cpu().device == torch.device("cpu")
+    torch.testing.assert_close(window.cpu(), torch.signal.windows.kaiser(4, beta=12.0))
+
+
+def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
+    """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
+    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d and antialiased resizes, abs
+    and trace of bool, `copy` given positionally to Tensor.to."""
+    gen = torch.Generator().manual_seed(0)
+    x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
+    for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
+                              (torch.ops.aten._log_softmax, torch.ops.aten._log_softmax_backward_data)):
+        out = forward(x.half().cuda(1), 1, True)
+        assert out.dtype == torch.float32 and out.device == torch.device("cuda", 1)
+        torch.testing.assert_close(out.cpu(), forward(x.half().float(), 1, False))
+        back = backward(grad.cuda(1), out, 1, torch.float16)
+        assert back.dtype == torch.float16
+        torch.testing.assert_close(back.cpu(), backward(grad, out.cpu(), 1, torch.float32).half())
+        with pytest.raises(RuntimeError, match="conversion is supported for Half type only"):
+            forward(x.cuda(), 1, True)
+    nan = float("nan")
+    z = torch.tensor([1 + 1j, complex(nan, 1), 2 - 1j, complex(1, nan)])
+    assert torch.nansum(z.cuda()).item() == 3 and torch.nanmean(z.cuda()).item() == 1.5
+    for half in (torch.float16, torch.bfloat16):  # kernels CUDA has for half and computes in float; the CPU lacks them
+        volume = torch.randn(1, 2, 4, 4, 4, generator=gen).to(half).cuda(1).requires_grad_()
+        pooled = F.avg_pool3d(volume, 2)
+        assert pooled.dtype == half
+        torch.testing.assert_close(pooled.cpu(), F.avg_pool3d(volume.detach().cpu().float(), 2).to(half))
+        pooled.float().sum().backward()
+        assert volume.grad.dtype == half and (volume.grad.cpu() == 1 / 8).all()
+        resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
+        torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
+                                                                mode="bilinear", antialias=True).to(half))
+    flags = torch.tensor([[True, False], [True, True]])
+    assert torch.equal(torch.abs(flags.cuda()).cpu(), flags)
+    assert torch.trace(flags.cuda()).dtype == torch.int64 and torch.trace(flags.cuda()).item() == 2
+    copied = x.cuda().to(torch.float32, False, True)
+    assert copied.device == torch.device("cuda", 0) and torch.equal(copied.cpu(), x)
+    moved = x.to("cuda:1", torch.float64, False, True)
+    assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
+
+
+def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
+    """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
+    __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently
+    wrong (the OpInfo sweep found it). Real dtypes take the same path as before."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.complex64, torch.complex128, torch.float64):
+        a, b = torch.randn(4, 4, dtype=dtype, generator=gen), torch.randn(4, 2, dtype=dtype, generator=gen)
+        for call in (torch.linalg.pinv, torch.pinverse, lambda m: torch.linalg.lstsq(m, b.to(m.device)).solution,
+                     lambda m: torch.linalg.pinv(m @ m.mH, hermitian=True), lambda m: (m.conj() @ m.mT).conj()):
+            got = call(a.cuda(1))
+            assert got.device == torch.device("cuda", 1) and got.dtype == dtype
+            torch.testing.assert_close(got.cpu(), call(a))
+    z = torch.randn(3, 3, dtype=torch.complex64, generator=gen)
+    assert not torch.equal(torch.linalg.pinv(z), torch.linalg.pinv(z.conj().resolve_conj()))  # the bit matters
 
 
 def test_integer_vector_products_raise_cudas_error(emu):

@@ -21,6 +21,8 @@ DISPATCH_NAMES = {
     torch.ops.aten.mv: "addmv_impl_cuda",  # native_functions.yaml: mv is addmv_out(result, result, self, vec, 0, 1)
     torch.ops.aten.dot: "dot",
     torch.ops.aten.vdot: "dot",  # vdot_cuda calls dot_cuda for real dtypes; complex ones are supported
+    torch.ops.aten.addbmm: "addmm_cuda",  # addbmm_out_cuda runs addmm_out_cuda on the batches
+    torch.ops.aten._trilinear: "baddbmm_cuda",  # F.bilinear: its C++ reduces with bmm, below the emulator
 }
 
 _SUPPORTED = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,

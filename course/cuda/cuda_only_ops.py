@@ -145,7 +145,80 @@ def cudnn_convolution_transpose(x, weight, padding, output_padding, stride, dila
     return aten.convolution.default(x, weight, None, stride, padding, dilation, True, output_padding, groups)
 
 
+def _softmax_kernel(op):
+    """CUDA's softmax and log-softmax take `half_to_float`: a float result from a half input, computed in float as
+    autocast's softmax asks (SoftMax.cu, softmax_cuda_out: 'conversion is supported for Half type only'); the CPU
+    kernel refuses the flag."""
+    def kernel(x, dim, half_to_float):
+        if not half_to_float:
+            return op(x, dim, False)
+        if x.dtype != torch.float16:
+            raise RuntimeError("conversion is supported for Half type only")
+        return op(x.float(), dim, False)
+    return kernel
+
+
+def _softmax_backward_kernel(op):
+    """Their backward takes a float gradient for a half input and returns the half one, computed in float
+    (SoftMax.cu, softmax_backward_cuda_out); the CPU kernel refuses the mix."""
+    def kernel(grad, output, dim, input_dtype):
+        if grad.dtype == input_dtype:
+            return op(grad, output, dim, input_dtype)
+        if not (grad.dtype == torch.float32 and input_dtype == torch.float16):
+            raise RuntimeError("expected input and grad types to match, or input to be at::Half and grad to be "
+                               "at::Float")
+        return op(grad, output.to(grad.dtype), dim, grad.dtype).to(input_dtype)
+    return kernel
+
+
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    """CUDA's nansum takes complex inputs, skipping an element whose real or imaginary part is NaN (`_isnan` of a
+    complex, ReduceSumProdKernel.cu); the CPU kernel refuses complex ones."""
+    if not x.is_complex():
+        return aten.nansum.default(x, dim, keepdim, dtype=dtype)
+    return aten.sum.dim_IntList(torch.where(torch.isnan(x), 0, x), dim, keepdim, dtype=dtype)
+
+
+def _in_float(op):
+    """A CUDA kernel for half and bfloat16 that the CPU lacks, which computes in float and rounds its result
+    (AveragePool3d.cu, MultiMarginCriterion.cu, MultilabelMarginCriterion.cu, UpSampleBilinear2d.cu's antialiased
+    kernels all accumulate in `acc_type<scalar_t, true>`, float): the same in float on the CPU, rounded back."""
+    def kernel(*args, **kwargs):
+        halves = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)]
+        if not halves:
+            return op(*args, **kwargs)
+        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype == halves[0] else a for a in args]
+        out = op(*up, **kwargs)
+        down = lambda t: t.to(halves[0]) if t.dtype == torch.float32 else t
+        return tuple(down(t) for t in out) if isinstance(out, tuple) else down(out)
+    return kernel
+
+
+def abs_(x):
+    """CUDA's abs takes bool (the identity; AbsKernel.cu dispatches Bool), which the CPU kernel refuses."""
+    return x.clone() if x.dtype == torch.bool else aten.abs.default(x)
+
+
+def trace(x):
+    """CUDA's trace is the diagonal's sum (trace_cuda, TriangularOps.cu), so bool gives int64 as sum does; the CPU
+    kernel refuses bool."""
+    return aten.sum.default(x.diagonal()) if x.dtype == torch.bool else aten.trace.default(x)
+
+
+_FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default, aten.multi_margin_loss.default,
+                       aten.multi_margin_loss_backward.default, aten.multilabel_margin_loss_forward.default,
+                       aten.multilabel_margin_loss_backward.default, aten._upsample_bilinear2d_aa.default,
+                       aten._upsample_bilinear2d_aa_backward.default]
+
 KERNELS = {
+    **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
+    aten.abs.default: abs_,
+    aten.trace.default: trace,
+    aten._softmax.default: _softmax_kernel(aten._softmax.default),
+    aten._log_softmax.default: _softmax_kernel(aten._log_softmax.default),
+    aten._softmax_backward_data.default: _softmax_backward_kernel(aten._softmax_backward_data.default),
+    aten._log_softmax_backward_data.default: _softmax_backward_kernel(aten._log_softmax_backward_data.default),
+    aten.nansum.default: nansum,
     aten.cudnn_convolution.default: cudnn_convolution,
     aten.cudnn_convolution_transpose.default: cudnn_convolution_transpose,
     aten.batch_norm_stats.default: batch_norm_stats,

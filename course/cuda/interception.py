@@ -76,6 +76,9 @@ def _create_on_device(func, device, args, kwargs):
     requires_grad = kwargs.pop("requires_grad", False)
     kwargs.pop("pin_memory", None)
     args = tuple(_unwrap(a) for a in args)
+    # and keyword ones: `linspace(start=gpu_scalar, ...)` (torch.signal.windows.kaiser) made a GPU tensor inside a GPU
+    # tensor, whose .cpu() stayed on the GPU
+    kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
         shape_only = func(*args, **dict(kwargs, device="meta"))
         nbytes = shape_only.numel() * shape_only.element_size()
@@ -126,7 +129,17 @@ def _parse_to(*args, **kwargs):
         return torch._C._nn._parse_to(*args, **kwargs)
 
 
+def _positional_copy(args) -> tuple[tuple, bool]:
+    """Tensor.to's `copy` given in its place among the positional arguments (`x.to(torch.float64, False, True)`,
+    `x.to("cuda", torch.float64, False, True)`), which `_parse_to` refuses: the arguments without it, and it."""
+    at = 2 if args and isinstance(args[0], (torch.dtype, torch.Tensor)) else 3
+    if len(args) > at:
+        return args[:at] + args[at + 1:], bool(args[at])
+    return args, False
+
+
 def _to(self, *args, **kwargs):
+    args, copy = _positional_copy(args)
     if args and isinstance(args[0], torch.Tensor):
         other = args[0]
         device, dtype, memory_format = other.device, other.dtype, None
@@ -146,7 +159,7 @@ def _to(self, *args, **kwargs):
         with torch._C.DisableTorchFunctionSubclass():
             result = torch.Tensor.to(result, dtype)
     result = _in_memory_format(result, kwargs.get("memory_format", memory_format))
-    if kwargs.get("copy") and result is self:
+    if (copy or kwargs.get("copy")) and result is self:
         result = self.clone()
     return result
 

@@ -15,7 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, quantized, sync_debug
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, kernel_dtypes, quantized,
+                         sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -84,13 +85,20 @@ class _OpInfo:
         # none for quantized tensors.
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
         self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else (
-            host_only_ops.refusal(func) or quantized.refusal(func))
+            host_only_ops.refusal(func) or _both(quantized.refusal(func), kernel_dtypes.refusal(func)))
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
         # has in C++ (c10d's collectives, two aten/_native ops) are the emulator's to model.
         self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim") and \
             torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
+
+
+def _both(first, second):
+    """One check of two (avg_pool2d refuses quantized GPU tensors and integer ones), or the one there is."""
+    if first is None or second is None:
+        return first or second
+    return lambda args: (first(args), second(args))
 
 
 _ALLOCATION_ONLY = {getattr(torch.ops.aten, name) for name in
@@ -314,7 +322,10 @@ def run_kernel(emu, func, args, kwargs):
     if info.gpu_check is not None and device is not None and device != CPU:
         info.gpu_check(un_args)
     try:
-        out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
+        if any(t.is_complex() for t in tensors):
+            out = _with_view_bits(info.kernel, un_args, un_kwargs)
+        else:
+            out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)
     except NotImplementedError as error:
         if any(t.is_meta for t in tensors if not isinstance(t, EmulatedTensor)) or any(
                 t._inner.is_meta for t in emulated):
@@ -388,6 +399,20 @@ def run_kernel(emu, func, args, kwargs):
             block = emu.memory.allocate(device, _storage_nbytes(o), end_ns)
             wrapped.append(EmulatedTensor(o, device, block))
     return type(out)(wrapped) if multiple else wrapped[0]
+
+
+_set_excluded = torch._C._SetExcludeDispatchKeyGuard
+_CONJUGATE, _NEGATIVE = torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative
+
+
+def _with_view_bits(kernel, args, kwargs):
+    """Run a kernel with the dispatcher's Conjugate and Negative fallbacks on, as a CPU or CUDA kernel runs.
+
+    Inside __torch_dispatch__ every key above Python is excluded, those two included; a kernel that builds a lazy
+    conjugate view of a complex tensor itself (`linalg_pinv`'s `Vh.mH() * S`, `linalg_lstsq`) then computed with the
+    conjugate bit ignored: a silently wrong answer. Only complex tensors carry those bits, so only their ops pay."""
+    with _set_excluded(_CONJUGATE, False), _set_excluded(_NEGATIVE, False):
+        return kernel(*args, **kwargs)
 
 
 def _follow_new_metadata(emu, tensor: EmulatedTensor, args, device: int) -> None:

@@ -1,0 +1,86 @@
+"""CUDA kernels that dispatch fewer dtypes than the CPU kernels the emulator runs: a GPU raises where the CPU computes.
+
+Each entry is the op, the name its CUDA kernel's AT_DISPATCH macro gives (the error prints it), and the dtypes it lacks
+that the CPU kernel has, read from the CUDA sources in aten/src/ATen/native/cuda/: UnaryComplexKernels.cu (angle:
+floating and complex only), IGammaKernel.cu (igamma, igammac: floating only), SummaryOps.cu (`_histc_cuda`: no Half, no
+BFloat16), UpSampleBilinear2d.cu and UpSampleBicubic2d.cu (floating only), DilatedMaxPool2d.cu, DilatedMaxPool3d.cu,
+AveragePool2d.cu, AveragePool3d.cu (floating only), Dropout.cu (`masked_scale`: floating only), ScatterGatherKernel.cu
+(scatter_reduce's prod, amax, amin and mean: no Bool). Integer convolutions
+run on the CPU's slow kernels; on CUDA the slow kernels `_select_conv_backend` (Convolution.cpp) falls back to dispatch
+floating dtypes only (ConvolutionMM2d.cu, DilatedConvolution.cu, DepthwiseConv2d.cu, NaiveConvolutionTranspose2d.cu and
+3d.cu), so the error names the one that backend choice reads as picked.
+It is a list rather than a rule drawn from OpInfo's dtypesIfCUDA: OpInfo names Python functions, not the aten ops the
+emulator sees, and lists a dtype only when every sample runs (torch.einsum on integers runs on a GPU for 'i->' but not
+'ij,jk'), so it cannot say which kernel refuses what. tests/pytorch_harness/opinfo_dtype_sweep_tests.py checks the list
+against op_db.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool})
+_HALVES = frozenset({torch.float16, torch.bfloat16})
+
+# c10's names for the scalar types (c10/core/ScalarType.h), as a dispatch error prints them.
+C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+             torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
+# op: (the CUDA kernel's dispatch name, dtypes it lacks, whether the dtype is the inputs' common one or the first's)
+_REFUSED = {
+    aten.angle: ("angle_cuda", _HALVES, False),
+    aten.igamma: ("igamma_cuda", _HALVES, True),
+    aten.igamma_: ("igamma_cuda", _HALVES, True),
+    aten.igammac: ("igammac_cuda", _HALVES, True),
+    aten.igammac_: ("igammac_cuda", _HALVES, True),
+    aten.histc: ("histc", _HALVES, False),
+    aten.upsample_bilinear2d: ("upsample_bilinear2d_out_frame", _INTEGERS, False),
+    aten._upsample_bilinear2d_aa: ("upsample_bilinear2d_out_frame", _INTEGERS, False),
+    aten._upsample_bicubic2d_aa: ("upsample_bilinear2d_out_frame", _INTEGERS, False),  # one template for both
+    aten.upsample_bicubic2d: ("upsample_bicubic2d_out_frame", _INTEGERS, False),
+    aten.max_pool2d_with_indices: ("max_pool2d_with_indices_out_cuda_frame", _INTEGERS, False),
+    aten.max_pool3d_with_indices: ("max_pool3d_with_indices_out_frame", _INTEGERS, False),
+    aten.avg_pool2d: ("avg_pool2d_out_cuda_frame", _INTEGERS, False),
+    aten.avg_pool3d: ("avg_pool3d_out_cuda", _INTEGERS, False),
+    aten.native_dropout_backward: ("masked_scale", _INTEGERS, False),
+    aten.scatter_reduce: ("cuda_scatter_gather_base_kernel_func", frozenset({torch.bool}), False),  # not for "sum"
+    aten.scatter_reduce_: ("cuda_scatter_gather_base_kernel_func", frozenset({torch.bool}), False),
+    aten.convolution: (None, _INTEGERS, False),  # the name depends on the slow kernel chosen: _convolution_kernel
+}
+
+
+def _convolution_kernel(args) -> str:
+    """The CUDA kernel `_select_conv_backend` picks for a dtype cuDNN does not take (aten/src/ATen/native/
+    Convolution.cpp): depthwise, transposed, dilated or plain, 2-D (1-D is run as 2-D) or 3-D."""
+    x, weight, _bias, _stride, _padding, dilation, transposed, _output_padding, groups = args[:9]
+    three_d = x.dim() == 5
+    if transposed:
+        return "slow_conv_transpose3d_out_cuda" if three_d else "slow_conv_transpose2d_out_cuda"
+    if not three_d and groups > 1 and x.size(1) == groups and weight.size(0) % x.size(1) == 0:
+        return "conv_depthwise2d_forward_cuda"
+    return "slow_conv_dilated<>" if three_d or any(d != 1 for d in dilation) else "slow_conv2d_cuda"
+
+
+def refusal(func):
+    """For an op whose CUDA kernel lacks dtypes the CPU's has, what raises CUDA's error for them; None for the rest."""
+    entry = _REFUSED.get(func._overloadpacket)
+    if entry is None:
+        return None
+    name, refused, common = entry
+
+    def refuse(args) -> None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or any(t.numel() == 0 for t in tensors):  # empty inputs return before the kernels' dispatch
+            return
+        dtype = torch.result_type(tensors[0], args[1]) if common else tensors[0].dtype
+        if dtype not in refused:
+            return
+        if func._overloadpacket in (aten.scatter_reduce, aten.scatter_reduce_) and args[4] == "sum":
+            return  # its ReduceAdd kernel dispatches Bool too
+        if func._overloadpacket is aten.histc and dtype is torch.float16:
+            raise RuntimeError("HalfTensor is not supported")  # _histc_cuda checks Half before its dispatch
+        if func._overloadpacket is aten.upsample_bilinear2d and tensors[0].shape[2:] == tuple(args[1] or ()):
+            return  # upsample_bilinear2d_out_cuda_template copies a same-size input before its dispatch
+        kernel = name or _convolution_kernel(args)
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{C10_NAMES[dtype]}\'')
+    return refuse
