@@ -12,7 +12,6 @@ from torch.distributed.fsdp import fully_shard
 
 import course
 from course.cuda import fsdp2
-from course.cuda.cuda_bindings import NotModelledError
 
 def _mlp():
     torch.manual_seed(3)  # each rank thread seeds its own generator (course/cuda/rank_rng.py)
@@ -380,18 +379,67 @@ def _dtensor_with_a_scalar(rank, world_size):
         x = distribute_tensor(full, mesh, [Shard(0)])
         s = distribute_tensor(scale, mesh, [Replicate()])
         out.append((x * s + s).full_tensor().cpu())
-    try:
-        torch.distributed.tensor.randn(4, 4, device_mesh=mesh, placements=[Shard(0)])
-        refusal = None
-    except NotModelledError as error:
-        refusal = str(error)
-    return full, scale, out, refusal
+    return full, scale, out
 
 
-def test_dtensor_ops_with_a_zero_dim_dtensor_in_rank_threads_and_random_ops_refused():
+def test_dtensor_ops_with_a_zero_dim_dtensor_in_rank_threads():
     with course.emulate(gpus=2):
         results = course.run_threads(_dtensor_with_a_scalar, 2, backend="nccl")
-    for full, scale, out, refusal in results:
+    for full, scale, out in results:
         for got in out:
             torch.testing.assert_close(got, full * scale + scale)
-        assert "OffsetBasedRNGTracker" in refusal and "not modelled" in refusal
+
+
+def _random_draws(device_mesh=None):
+    """The same draws on one device (device_mesh None) or as DTensors sharded over the mesh, gathered; then the
+    generator's next draw, which shows how far each advanced."""
+    import torch.distributed.tensor as dt
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def spread(tensor, placements):
+        return tensor if device_mesh is None else distribute_tensor(tensor, device_mesh, placements)
+
+    def gathered(tensor):
+        return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().cpu()
+
+    draws = {}
+    torch.manual_seed(0)
+    if device_mesh is None:
+        draws["randn"], draws["rand"] = torch.randn(6, 4, device="cuda"), torch.rand(5, 3, device="cuda")
+    else:
+        draws["randn"] = dt.randn(6, 4, device_mesh=device_mesh, placements=[Shard(0)])
+        draws["rand"] = dt.rand(5, 3, device_mesh=device_mesh, placements=[Replicate()])
+    ones = spread(torch.ones(4, 6, device="cuda"), [Shard(1)])
+    draws["dropout"] = nn.functional.dropout(ones, 0.5)
+    draws["normal_"] = ones.clone().normal_()
+    draws["bernoulli"] = torch.bernoulli(ones * 0.3)
+    draws["uniform_ generator"] = nn.init.uniform_(ones.clone(), generator=torch.Generator("cuda").manual_seed(4))
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 6), nn.Linear(6, 4))
+    if device_mesh is not None:
+        fully_shard(model, mesh=device_mesh)
+    model.to_empty(device="cuda")
+    torch.manual_seed(1)
+    for layer in model:
+        layer.reset_parameters()
+    draws.update({name: p for name, p in model.named_parameters()})
+    draws["next"] = torch.rand(3, device="cuda")
+    return {name: gathered(t) for name, t in draws.items()}
+
+
+def _sharded_random_draws(rank, world_size):
+    torch.cuda.set_device(rank)
+    return _random_draws(init_device_mesh("cuda", (world_size,)))
+
+
+def test_dtensor_random_ops_give_each_shard_its_part_of_the_one_device_draw():
+    """As OffsetBasedRNGTracker does on a GPU box: dtensor randn, dropout, in-place init and a program's generator
+    on a sharded DTensor, and FSDP2's meta-device init (to_empty, reset_parameters), gathered, equal the same draws
+    on one GPU from the same seed, and every rank's generator ends where that one's does."""
+    with course.emulate(gpus=2):
+        one_device = _random_draws()
+        ranks = course.run_threads(_sharded_random_draws, 2, backend="nccl")
+    for draws in ranks:
+        assert draws.keys() == one_device.keys()
+        for name, value in draws.items():
+            assert torch.equal(value, one_device[name]), name

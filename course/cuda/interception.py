@@ -7,6 +7,8 @@ device, before any op reaches the dispatcher, so these calls are taken over at t
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
@@ -278,6 +280,24 @@ def _type_as(self, other):
 _SHAPED_LIKE = frozenset({torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
                           torch.randn_like, torch.randint_like, torch.Tensor.new_zeros, torch.Tensor.new_ones,
                           torch.Tensor.new_empty, torch.Tensor.new_full, torch.Tensor.new_empty_strided})
+
+
+_FILLED_LIKE = frozenset({torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like})
+
+
+def _dtensor(tensor) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def _dtensor_shaped_like(func, args, kwargs):
+    """`torch.empty_like(dtensor, device="cuda")` (FSDP2's `to_empty` after meta-device init): a DTensor over the
+    local tensor made so, as DTensor's dispatch makes it on a GPU box. Its aten op cannot be called here: torch's
+    bindings would initialise the CPU build's CUDA for the `device=` before DTensor's dispatch is reached."""
+    dtensor = args[0]
+    local = _route_torch_function(func, (dtensor._local_tensor, *args[1:]), kwargs)
+    return type(dtensor).from_local(local, dtensor.device_mesh, dtensor.placements, run_check=False,
+                                    shape=dtensor.shape, stride=dtensor.stride())
 
 
 def _new(self, *args, **kwargs):
@@ -552,6 +572,8 @@ def _route_torch_function(func, args, kwargs):
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
+    if device is not None and func in _FILLED_LIKE and args and _dtensor(args[0]):
+        return _dtensor_shaped_like(func, args, kwargs)
     if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
         if isinstance(device, int) or torch.device(device).type not in ("cpu", "meta"):
             return _create_on_device(func, device, args, dict(kwargs))
