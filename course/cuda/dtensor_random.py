@@ -1,12 +1,12 @@
 """DTensor's random ops (`torch.distributed.tensor.randn`, dropout or `init.normal_` on a DTensor) on an emulated GPU
-mesh: each shard holds its part of the full tensor's draw, as on a GPU box.
+mesh: each shard holds its part of the draw one device makes from the same seed.
 
 On a GPU box, DTensor draws them through OffsetBasedRNGTracker (torch/distributed/tensor/_random.py): each rank moves
-the offset of CUDA's Philox generator to where its shard starts, so the shards together are one full tensor's values,
-and every rank's generator ends where the full draw ends. The emulated GPUs draw from the CPU generator
-(course/cuda/rng.py), which has no offset to move: here each rank draws the full tensor on the host and keeps its
-shard, so the shards are the draw a single device makes from the same seed (meta-device init of an FSDP2 model
-equals its init on one device), and every rank's generator moves as far. The op itself still runs on the local
+the offset of CUDA's Philox generator to its shard's place (shard index x shard size), so shards differ, replicas
+agree, and every rank's generator ends where the whole tensor's draw ends. The emulated GPUs draw from the CPU
+generator (course/cuda/rng.py), which has no offset to move: here each rank draws the full tensor on the host and
+keeps its shard, which keeps those three properties, and makes the shards the draw a single device makes from the
+same seed (meta-device init of an FSDP2 model equals its init on one device; on a GPU box the values differ). The op itself still runs on the local
 shard, so its time and memory are the shard's, and its values are then replaced. Drawing the full tensor costs each
 rank's CPU the whole draw.
 """
