@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from course.cuda.kernel_dtypes import not_implemented
+
 # The name each op's CUDA dispatch gives in its error.
 DISPATCH_NAMES = {
     torch.ops.aten.mm: "addmm_cuda",
@@ -29,10 +31,6 @@ _SUPPORTED = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloa
                         torch.complex128})
 
 # c10's names for the scalar types (c10/core/ScalarType.h), as the dispatch error prints them.
-_C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-              torch.bool: "Bool"}
-
-
 def check(name: str, args) -> None:
     """Raise CUDA's error if the op's first tensor argument has a dtype its CUDA kernel does not dispatch.
     `addmv_out_cuda` returns before its dispatch for an empty matrix (zeros, or beta * self)."""
@@ -41,5 +39,4 @@ def check(name: str, args) -> None:
         return
     dtype = tensors[0].dtype
     if dtype not in _SUPPORTED:
-        c10_name = _C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
-        raise NotImplementedError(f'"{name}" not implemented for \'{c10_name}\'')
+        raise not_implemented(name, dtype)

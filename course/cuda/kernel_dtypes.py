@@ -26,6 +26,12 @@ _HALVES = frozenset({torch.float16, torch.bfloat16})
 C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
              torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
+
+def not_implemented(kernel: str, dtype: torch.dtype) -> NotImplementedError:
+    """The error an AT_DISPATCH macro raises for a dtype it does not list (here and in blas_dtypes.py)."""
+    name = C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
+    return NotImplementedError(f'"{kernel}" not implemented for \'{name}\'')
+
 # op: (the CUDA kernel's dispatch name, dtypes it lacks, whether the dtype is the inputs' common one or the first's)
 _REFUSED = {
     aten.angle: ("angle_cuda", _HALVES, False),
@@ -82,5 +88,5 @@ def refusal(func):
         if func._overloadpacket is aten.upsample_bilinear2d and tensors[0].shape[2:] == tuple(args[1] or ()):
             return  # upsample_bilinear2d_out_cuda_template copies a same-size input before its dispatch
         kernel = name or _convolution_kernel(args)
-        raise NotImplementedError(f'"{kernel}" not implemented for \'{C10_NAMES[dtype]}\'')
+        raise not_implemented(kernel, dtype)
     return refuse
