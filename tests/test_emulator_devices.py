@@ -588,6 +588,68 @@ def test_python_subclasses_of_gpu_tensors_keep_their_type_and_torch_function(emu
     assert out.device == torch.device("cuda", 0) and torch.equal(out.cpu(), (q.cpu().float() * 0.5) @ w.cpu())
 
 
+class _Logged(torch.Tensor):
+    """A wrapper subclass with its own __torch_dispatch__ (a LoggingTensor, torchao's tensors), made from the tensor
+    it wraps on that tensor's device."""
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype,
+                                                   device=elem.device, requires_grad=elem.requires_grad)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, context, size, stride):
+        return _Logged(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.elem if isinstance(t, _Logged) else t  # noqa: E731
+        wrap = lambda t: _Logged(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        tree_map = torch.utils._pytree.tree_map
+        return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+
+
+def _wrapper_uses(device, other):
+    torch.manual_seed(0)
+    x, weight = torch.randn(3, 4, device=device), _Logged(torch.randn(5, 4, device=device)).requires_grad_()
+    out = F.linear(x, weight) + x.sum()  # an emulated tensor first: the wrapper's handler must still run
+    moved = weight.to(other) * 2  # a move by its own _to_copy, with the gradient sent back
+    (out.sum() + moved.sum().to(device)).backward()
+    host_made = _Logged(torch.arange(3.0)).to(device)  # rebuilt around moved tensors (__tensor_flatten__)
+    tensors = (out, moved, weight.grad, host_made, moved.cpu())
+    return {"types": [type(t).__name__ for t in tensors], "devices": [str(t.device) for t in tensors],
+            "inner": [str(t.elem.device) for t in tensors], "values": [t.elem.detach().cpu() for t in tensors]}
+
+
+def test_wrapper_subclasses_with_their_own_dispatch_run_on_gpus(emu):
+    """A program's `_make_wrapper_subclass` tensor made on an emulated GPU is made on the host and says which GPU it
+    is on, as the emulator's own are: PyTorch made a C++ CUDA tensor, and the first gradient stopped the process
+    (no CUDA device guard). Its handler runs before the emulator's, even when a GPU tensor comes first; moves go
+    through its own `_to_copy`, whose `device=` the emulator now honours below the torch API (it gave a host tensor
+    that said cuda:0), and gradients go back to where the wrapper was. Compared with plain CPU torch."""
+    emu.stop()
+    want = _wrapper_uses("cpu", "cpu")
+    emu.start()
+    got = _wrapper_uses("cuda:0", "cuda:1")
+    assert got["types"] == want["types"] == ["_Logged"] * 5
+    assert got["devices"] == got["inner"] == ["cuda:0", "cuda:1", "cuda:0", "cuda:0", "cpu"]
+    for mine, theirs in zip(got["values"], want["values"]):
+        torch.testing.assert_close(mine, theirs)
+    on_gpu = torch.ones(2, device="cuda:1")
+    with torch._C.DisableTorchFunction():  # as a dispatch mode or a subclass's handler calls it
+        assert torch.ops.aten._to_copy.default(on_gpu, device=torch.device("cuda", 0)).device == torch.device("cuda", 0)
+
+    class Unlisted(_Logged):
+        __tensor_flatten__ = None
+    with pytest.raises(course.cuda.cuda_bindings.NotModelledError, match="Moving a Unlisted .* from the host"):
+        Unlisted(torch.ones(2)).cuda()
+
+
 def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
     with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()"):
         torch.ones(2, device="cuda:0").numpy()

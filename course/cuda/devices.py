@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import torch
 import torch.utils._foreach_utils
-from torch.nested._internal.nested_tensor import NestedTensor
 from torch.optim import optimizer as _optimizer
 
 from course.machine.memory import Block
@@ -119,6 +118,10 @@ def wait_for(tensor: EmulatedTensor, reason: str) -> None:
         emu.clock.host_wait(max(tensor.ready_ns, stream_ready), f"{reason} waits for {tensor.device}")
 
 
+# PyTorch's own, kept before the emulator puts its version for programs' subclasses in its place (subclasses.py)
+_make_wrapper = torch._C.TensorBase._make_wrapper_subclass
+
+
 class EmulatedTensor(torch.Tensor):
     """A tensor on an emulated GPU. `_inner` holds the data; `_block` its storage and readiness."""
 
@@ -134,16 +137,16 @@ class EmulatedTensor(torch.Tensor):
             # Most kernel outputs: the default strides and layout, which are cheaper not to pass (every op makes one;
             # `.shape` is cheaper than `.size()`, a method call that parses its arguments, for the same reason).
             # Contiguous is not always default: a size-1 dimension's stride may be anything (`x.t_()` of a row).
-            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device,
+            tensor = _make_wrapper(cls, inner.shape, dtype=inner.dtype, device=inner.device,
                                                          requires_grad=requires_grad)
             if tensor.stride() != inner.stride():
                 tensor = None
         elif layout in COMPRESSED_PARTS:  # no strides, no storage offset: its parts have them
-            tensor = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, layout=layout,
+            tensor = _make_wrapper(cls, inner.shape, dtype=inner.dtype, layout=layout,
                                                          device=inner.device, requires_grad=requires_grad,
                                                          dispatch_layout=True)
         if tensor is None:
-            tensor = torch.Tensor._make_wrapper_subclass(
+            tensor = _make_wrapper(
                 cls,
                 inner.shape,
                 strides=inner.stride(),
@@ -237,8 +240,8 @@ class EmulatedTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         __tracebackhide__ = True
-        if len(types) > 1 and NestedTensor in types:
-            return NotImplemented  # a jagged tensor's op (its view from values): its own dispatch unwraps it first
+        if len(types) > 1 and _another_subclass(types):
+            return NotImplemented  # its own __torch_dispatch__ unwraps it first (torch/_tensor.py's protocol)
         emu = active if active is not None else current_emulator(str(func))
         try:
             return hooks.torch_dispatch(emu, func, args, kwargs or {})
@@ -255,6 +258,17 @@ for _supported in (_optimizer._foreach_supported_types,
                    torch.utils._foreach_utils._foreach_supported_types):
     if EmulatedTensor not in _supported:
         _supported.append(EmulatedTensor)
+
+
+def _another_subclass(types) -> bool:
+    """An op that also takes a tensor subclass with its own `__torch_dispatch__` that wraps emulated ones (a jagged
+    tensor's view of its values, a program's LoggingTensor or int8 weight made with `_make_wrapper_subclass`): that
+    subclass's handler must run first and hand the emulator its inner tensors, as PyTorch tries each subclass in turn
+    until one does not return NotImplemented. Run here instead, the CPU kernel met a tensor with no storage."""
+    return any(not issubclass(t, EmulatedTensor) and t.__torch_dispatch__ is not _NO_DISPATCH for t in types)
+
+
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl
 
 
 def _format(tensor: EmulatedTensor) -> str:

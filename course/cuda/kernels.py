@@ -16,10 +16,10 @@ import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, kernel_dtypes, quantized,
-                         sync_debug)
-from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
+                         subclasses, sync_debug)
+from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
-from course.cuda.transfers import copy_into, read_scalar
+from course.cuda.transfers import _raw_move, copy_into, read_scalar
 from course.machine import costs
 
 
@@ -74,7 +74,7 @@ class _OpInfo:
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host, a convolution
         # being traced, a compressed sparse tensor's layout.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default,
-                                torch.ops.aten.convolution.default, _LAYOUT)
+                                torch.ops.aten.convolution.default, _LAYOUT, _TO_COPY)
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
         self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
                                 or func is torch.ops.aten.index.Tensor)
@@ -112,6 +112,7 @@ _OVERWRITING_OPS = {getattr(torch.ops.aten, name) for name in
                     ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_")}
 _OP_INFO: dict = {}
 _LAYOUT = torch.ops.prim.layout.default
+_TO_COPY = torch.ops.aten._to_copy.default
 _CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 
@@ -310,6 +311,11 @@ def run_kernel(emu, func, args, kwargs):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
+        if func is _TO_COPY and kwargs.get("device") is not None and not scratch:
+            target = _to_copy_target(emu, kwargs["device"], device)
+            if target is not None:
+                return _to_copy_across(emu, args[0], target, kwargs)
+            un_kwargs = {k: v for k, v in un_kwargs.items() if k != "device"}  # where it is: the host's kernel
         if func is _LAYOUT:  # asked only of compressed sparse tensors (devices.COMPRESSED_PARTS)
             return args[0]._inner.layout
         if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:
@@ -516,6 +522,28 @@ def _traced_convolution(emu, args):
     node.output().inferTypeFrom(out)
     torch._C._set_value_trace(out, node.output())
     return out
+
+
+def _to_copy_target(emu, asked, source: int | None) -> int | None:
+    """The device a `_to_copy` below the torch API moves to, if it moves. A CUDA device there was named by a program
+    or a handler. "cpu" there is what C++ read off an emulated tensor's wrapper when it meant "where it is"
+    (`to(dtype)`, `as_tensor`, autograd's ToCopyBackward pass `self.options()`), so it moves only inside a program
+    wrapper's own move to the host (subclasses.to_copy)."""
+    target = parse_device(asked, emu)
+    if target == CPU and not subclasses.moving_to_host():
+        return None
+    return target if target != (CPU if source is None else source) else None
+
+
+def _to_copy_across(emu, tensor, target: int, kwargs):
+    """`_to_copy` to another device, reached below the torch API: from a program's `__torch_dispatch__` (a wrapper
+    subclass's `.cpu()` or `.to("cuda:1")` hands its inner tensor on so), a dispatch mode, autograd's
+    ToCopyBackward. The CPU kernel would make a host tensor that the tail above then called the GPU's; here the
+    dtype and layout change on the source device, and the copy is the emulator's, timed on the link."""
+    rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking", "pin_memory")}
+    converted = run_kernel(emu, _TO_COPY, (tensor,), rest) if rest else tensor
+    moved = _raw_move(converted, target, bool(kwargs.get("non_blocking")))
+    return wrap(moved, CPU, None) if target == CPU else moved
 
 
 def _crosses_devices(tensors) -> bool:

@@ -11,16 +11,21 @@ each tensor, so it cannot be re-classed in C++. `as_subclass(MyTensor)` of one i
 stays in the autograd graph and shares memory) whose class is MyTensor's twin on emulated GPUs: a class built on
 MyTensor and EmulatedTensor, named as MyTensor, so isinstance, MyTensor's methods and its `__torch_function__` are
 MyTensor's and the device, values and timing the emulator's. `type(t) is MyTensor` is False. A subclass with its own
-`__torch_dispatch__` is refused by name: its dispatch would stand in front of the emulator's.
+`__torch_dispatch__` is refused by name there: its dispatch would stand in front of the emulator's.
+
+Such subclasses are wrappers instead (`_make_wrapper_subclass`: a LoggingTensor, torchao's int8 and float8 tensors):
+their handler unwraps and calls ops on the tensors inside, which reach the emulator. One made on an emulated GPU is
+made on the host, as the emulator's own tensors are, and reports the GPU; its moves go through its own `_to_copy`.
 """
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
 from course.cuda.cuda_bindings import not_modelled
-from course.cuda.devices import EmulatedTensor, hooks
+from course.cuda.devices import EmulatedTensor, _make_wrapper, current_emulator, hooks, parse_device
 
 _as_subclass = torch.Tensor.as_subclass
 _make_subclass = torch.Tensor._make_subclass
@@ -77,12 +82,16 @@ def make_subclass(cls, data, requires_grad=False, **kwargs):
         return _reclassed(data.detach().requires_grad_(requires_grad), cls)
 
 
+def _from_a_program(cls: type) -> bool:
+    """Written by the program or a library (torchao's tensors too), not by PyTorch or the emulator."""
+    return (cls.__module__ or "").partition(".")[0] not in ("torch", "course")
+
+
 @functools.cache
 def has_own_torch_function(cls: type) -> bool:
     """Whether a program's subclass handles torch functions itself (PyTorch's and the emulator's own do not)."""
     handler = getattr(cls, "__torch_function__", None)
-    return not (cls.__module__ or "").startswith(("torch", "course")) and \
-        getattr(handler, "__func__", handler) is not torch._C._disabled_torch_function_impl
+    return _from_a_program(cls) and getattr(handler, "__func__", handler) is not torch._C._disabled_torch_function_impl
 
 
 def run_torch_function(mode_type, func, types, args, kwargs):
@@ -98,4 +107,114 @@ def run_torch_function(mode_type, func, types, args, kwargs):
     return hooks.torch_function(func, args, kwargs)
 
 
-PATCHES = [(torch.Tensor, {"as_subclass": as_subclass, "_make_subclass": staticmethod(make_subclass)})]
+def make_wrapper_subclass(cls, size, *args, **kwargs):
+    """`Tensor._make_wrapper_subclass`, with which a program's `__torch_dispatch__` subclass wraps its tensors (a
+    LoggingTensor, an int8 or float8 weight), given an emulated GPU as the device. PyTorch would make a C++ CUDA
+    tensor, and a CPU build stops the process (no CUDA device guard) as soon as autograd records one. Like the
+    emulator's own tensors, the wrapper is made on the host and says which GPU it is on (`device`, `is_cuda`,
+    `get_device`); its ops still go to its own handler, which hands the emulator its inner GPU tensors."""
+    device = kwargs.get("device")
+    index = _gpu_index(device) if device is not None and _from_a_program(cls) else None
+    if index is None:
+        return _make_wrapper(cls, size, *args, **kwargs)
+    tensor = _make_wrapper(cls, size, *args, **dict(kwargs, device="cpu"))
+    tensor.__dict__[ON_GPU] = index
+    _report_gpu(cls)
+    return tensor
+
+
+ON_GPU = "_course_wrapper_on_gpu"  # a program wrapper's emulated GPU, in its __dict__
+
+
+def _gpu_index(device) -> int | None:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return parse_device(device)
+    return parse_device(device) if torch.device(device).type == "cuda" else None
+
+
+_LOCK = threading.Lock()
+
+
+def _report_gpu(cls: type) -> None:
+    """Make the class report the GPU of its wrappers made on one (others keep PyTorch's answers), unless the
+    program defines those itself; undone when the emulator stops."""
+    if getattr(cls.__dict__.get("device"), "fget", None) is _wrapper_device:
+        return
+    with _LOCK:
+        if getattr(cls.__dict__.get("device"), "fget", None) is _wrapper_device or _defines_device(cls):
+            return
+        emu = current_emulator("a tensor subclass on an emulated GPU")
+        emu._patch(cls, {"device": property(_wrapper_device), "is_cuda": property(_wrapper_is_cuda),
+                         "is_cpu": property(lambda self: not _wrapper_is_cuda(self)), "get_device": _wrapper_get_device})
+
+
+def _defines_device(cls: type) -> bool:
+    return any("device" in vars(base) for base in cls.__mro__ if base not in (torch.Tensor, torch._C.TensorBase))
+
+
+_HOST_DEVICE = torch._C.TensorBase.device.__get__
+_HOST_GET_DEVICE = torch._C.TensorBase.get_device
+
+
+def _wrapper_device(self) -> torch.device:
+    index = self.__dict__.get(ON_GPU)
+    return _HOST_DEVICE(self) if index is None else torch.device("cuda", index)
+
+
+def _wrapper_is_cuda(self) -> bool:
+    return ON_GPU in self.__dict__ or _HOST_DEVICE(self).type == "cuda"
+
+
+def _wrapper_get_device(self) -> int:
+    index = self.__dict__.get(ON_GPU)
+    return _HOST_GET_DEVICE(self) if index is None else index
+
+
+def gpu_of_wrapper(tensor) -> int | None:
+    """The emulated GPU a program's wrapper subclass was made on, else None."""
+    return tensor.__dict__.get(ON_GPU) if _from_a_program(type(tensor)) else None
+
+
+def is_program_wrapper(tensor) -> bool:
+    """A program's subclass with its own `__torch_dispatch__` (not the emulator's twins of plain subclasses)."""
+    cls = type(tensor)
+    return not isinstance(tensor, EmulatedTensor) and _from_a_program(cls) and \
+        cls.__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
+
+
+def to_copy(tensor, dst: int, non_blocking: bool):
+    """A program's wrapper subclass made on an emulated GPU, moved as on a GPU box: by its own handler's `_to_copy`,
+    which hands the emulator the GPU tensors it wraps. (Autograd's own record of that `_to_copy` would send the
+    gradient back to the wrapper's host-side C++ device, that is nowhere: transfers._Move records the move.)"""
+    _host_move.on = dst < 0
+    try:
+        with torch._C.DisableTorchFunction():
+            return torch.ops.aten._to_copy.default(tensor, non_blocking=non_blocking, device=torch.device("cpu") if
+                                                   dst < 0 else torch.device("cuda", dst))
+    finally:
+        _host_move.on = False
+
+
+_host_move = threading.local()
+
+
+def moving_to_host() -> bool:
+    """Whether this thread is inside a program wrapper's move to the host, whose handler asks for `device="cpu"`."""
+    return getattr(_host_move, "on", False)
+
+
+def move_from_host(tensor, dst: int, non_blocking: bool, move):
+    """`.to(device)` of a program's wrapper subclass made on the host. Its handler's ops would take the CPU build's
+    own path to CUDA, which it has none of; a wrapper that lists its tensors (`__tensor_flatten__`, as torchao's and
+    torch.compile-ready subclasses do) is rebuilt around moved ones, as its `_to_copy` would."""
+    if not callable(getattr(tensor, "__tensor_flatten__", None)) or tensor.requires_grad:
+        raise not_modelled(f"Moving a {type(tensor).__name__} (a tensor subclass with its own __torch_dispatch__) "
+                           "from the host to an emulated GPU", "make it from tensors already on the GPU, give the "
+                           "subclass __tensor_flatten__ / __tensor_unflatten__, or run this part on a real GPU")
+    names, context = tensor.__tensor_flatten__()
+    moved = {name: move(getattr(tensor, name), dst, non_blocking) for name in names}
+    return type(tensor).__tensor_unflatten__(moved, context, tensor.shape, tensor.stride())
+
+
+PATCHES = [(torch.Tensor, {"as_subclass": as_subclass, "_make_subclass": staticmethod(make_subclass),
+                           "_make_wrapper_subclass": staticmethod(make_wrapper_subclass)})]

@@ -11,7 +11,7 @@ import weakref
 import torch
 from torch.nested._internal.nested_tensor import NestedTensor
 
-from course.cuda import devices, nested_jagged, sync_debug
+from course.cuda import devices, nested_jagged, subclasses, sync_debug
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name, wait_for, wrap
 from course.machine import costs, topology
@@ -39,7 +39,10 @@ def _forget(address: int) -> None:
 def device_of(tensor: torch.Tensor) -> int:
     if isinstance(tensor, EmulatedTensor):
         return tensor._device_index
-    return device_of(tensor._values) if isinstance(tensor, NestedTensor) else CPU  # a jagged tensor: its values'
+    if isinstance(tensor, NestedTensor):
+        return device_of(tensor._values)  # a jagged tensor: its values'
+    on_gpu = subclasses.gpu_of_wrapper(tensor)  # a program's wrapper subclass made on an emulated GPU
+    return CPU if on_gpu is None else on_gpu
 
 
 def _host_address(tensor: torch.Tensor) -> int | None:
@@ -192,6 +195,8 @@ class _Move(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dst, non_blocking):
         ctx.src = device_of(tensor)
+        if subclasses.is_program_wrapper(tensor):  # its own handler moves what it wraps
+            return subclasses.to_copy(tensor, dst, non_blocking)
         return _raw_move(tensor, dst, non_blocking)
 
     @staticmethod
@@ -215,6 +220,8 @@ def move(tensor: torch.Tensor, dst: int, non_blocking: bool = False) -> torch.Te
         return nested_jagged.move(tensor, dst, non_blocking, _raw_move, device_of(tensor))
     if tensor.is_nested:
         raise nested_not_modelled()
+    if subclasses.is_program_wrapper(tensor) and subclasses.gpu_of_wrapper(tensor) is None:
+        return subclasses.move_from_host(tensor, dst, non_blocking, move)
     return _Move.apply(tensor, dst, non_blocking)
 
 
