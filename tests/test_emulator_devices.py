@@ -650,6 +650,56 @@ def test_wrapper_subclasses_with_their_own_dispatch_run_on_gpus(emu):
         Unlisted(torch.ones(2)).cuda()
 
 
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func.__name__.split(".")[0], out.device.type if isinstance(out, torch.Tensor) else None))
+        return out
+
+
+class _Biased(torch.Tensor):
+    """A handler that makes a tensor on its input's device, as low-precision libraries' handlers do."""
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _Biased(func(*[a.elem for a in args]) + torch.ones(args[0].shape, device=args[0].elem.device))
+
+
+def _mode_uses(device):
+    torch.manual_seed(0)
+    with _OpLog() as log:
+        made = [torch.zeros(3, device=device), torch.randn(4, device=device), torch.arange(3.0).to(device)]
+        made.append((made[1] * 2).cpu())
+    made.append((_Biased(torch.arange(2.0, device=device)) + _Biased(torch.ones(2, device=device))).elem)
+    return log.ops, made
+
+
+def test_dispatch_modes_see_factories_and_moves_as_on_a_gpu(emu):
+    """A program's TorchDispatchMode sees `aten.zeros` or `aten._to_copy` with GPU tensors out, as on a GPU box, where
+    it saw the emulator's own steps (a shape-only probe, the host factory, a detach) with host tensors out. A handler
+    that makes a tensor on its input's GPU gets one (it stopped in torch.cuda's lazy init). Values as plain CPU's."""
+    emu.stop()
+    want_ops, want = _mode_uses("cpu")
+    emu.start()
+    ops, got = _mode_uses("cuda:1")
+    assert want_ops == [("zeros", "cpu"), ("randn", "cpu"), ("arange", "cpu"), ("mul", "cpu")]  # no copies
+    assert ops == [("zeros", "cuda"), ("randn", "cuda"), ("arange", "cpu"), ("_to_copy", "cuda"), ("mul", "cuda"),
+                   ("_to_copy", "cpu")]
+    assert [str(t.device) for t in got] == ["cuda:1"] * 3 + ["cpu", "cuda:1"]
+    for mine, theirs in zip(got, want):
+        assert torch.equal(mine.cpu(), theirs)
+
+
 def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
     with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()"):
         torch.ones(2, device="cuda:0").numpy()

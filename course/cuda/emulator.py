@@ -21,9 +21,9 @@ import torch.cuda.profiler
 import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
-from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, devices, environment,
-                         fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls, nccl,
-                         nested_fastpath, profiling, rank_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
+from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
+                         devices, environment, fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls,
+                         nccl, nested_fastpath, profiling, rank_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -186,6 +186,7 @@ class Emulator:
             self._patch_timer()
         devices.active = self
         autocast.install()
+        cuda_key_factories.install()
         self._env_before = environment.publish(self._config())
         self._mode = EmulatorMode()
         self._mode.__enter__()
@@ -197,6 +198,7 @@ class Emulator:
         self._mode.__exit__(None, None, None)
         self._mode = None
         autocast.uninstall()
+        cuda_key_factories.uninstall()
         profiling.stop_recordings(self)
         devices.active = self._outer
         environment.restore(self._env_before)

@@ -16,7 +16,8 @@ from torch.overrides import TorchFunctionMode
 from course.cuda import attention, graph_moves, inner_factories, packed_sequences, storages, subclasses
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
-from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
+from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
+                                   to_host_copy)
 from course.machine import costs
 
 
@@ -75,6 +76,9 @@ def _create_on_device(func, device, args, kwargs):
     if index == CPU:
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **dict(kwargs, device="cpu"))
+    if program_dispatch_mode():  # it sees the factory itself, as on a GPU box (course/cuda/cuda_key_factories.py)
+        with torch._C.DisableTorchFunction():
+            return func(*args, **dict(kwargs, device=torch.device("cuda", index)))
     requires_grad = kwargs.pop("requires_grad", False)
     kwargs.pop("pin_memory", None)
     args = tuple(_unwrap(a) for a in args)

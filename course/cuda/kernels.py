@@ -16,10 +16,10 @@ import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, kernel_dtypes, quantized,
-                         subclasses, sync_debug)
+                         sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
-from course.cuda.transfers import _raw_move, copy_into, read_scalar
+from course.cuda.transfers import _raw_move, copy_into, moving_to_host, read_scalar
 from course.machine import costs
 
 
@@ -325,6 +325,8 @@ def run_kernel(emu, func, args, kwargs):
         sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
+    if un_kwargs and un_kwargs.get("device") is not None:
+        device, un_kwargs = _asked_device(emu, device, un_kwargs)
     if info.gpu_check is not None and device is not None and device != CPU:
         info.gpu_check(un_args)
     try:
@@ -527,12 +529,26 @@ def _traced_convolution(emu, args):
 def _to_copy_target(emu, asked, source: int | None) -> int | None:
     """The device a `_to_copy` below the torch API moves to, if it moves. A CUDA device there was named by a program
     or a handler. "cpu" there is what C++ read off an emulated tensor's wrapper when it meant "where it is"
-    (`to(dtype)`, `as_tensor`, autograd's ToCopyBackward pass `self.options()`), so it moves only inside a program
-    wrapper's own move to the host (subclasses.to_copy)."""
-    target = parse_device(asked, emu)
-    if target == CPU and not subclasses.moving_to_host():
+    (`to(dtype)`, `as_tensor`, autograd's ToCopyBackward pass `self.options()`), so it moves only inside a move to the
+    host made through the dispatcher (transfers._dispatched_move)."""
+    kind = "cuda" if isinstance(asked, int) else torch.device(asked).type
+    if kind == "cuda":
+        target = parse_device(asked, emu)
+    elif kind == "cpu" and moving_to_host():
+        target = CPU
+    else:  # "cpu" or, in shape-only mode, "meta": the wrapper's device, read by C++
         return None
     return target if target != (CPU if source is None else source) else None
+
+
+def _asked_device(emu, device: int | None, kwargs: dict) -> tuple[int | None, dict]:
+    """An op given a GPU as `device=` below the torch API (`zeros_like(x, device="cuda:1")` in a program's handler or
+    dispatch mode): its result goes there, made by the host's kernel. "cpu" there means where the inputs are (see
+    `_to_copy_target`)."""
+    asked = kwargs["device"]
+    if isinstance(asked, int) or torch.device(asked).type == "cuda":
+        return parse_device(asked, emu), {**kwargs, "device": torch.device("cpu")}
+    return device, kwargs
 
 
 def _to_copy_across(emu, tensor, target: int, kwargs):
@@ -542,8 +558,7 @@ def _to_copy_across(emu, tensor, target: int, kwargs):
     dtype and layout change on the source device, and the copy is the emulator's, timed on the link."""
     rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking", "pin_memory")}
     converted = run_kernel(emu, _TO_COPY, (tensor,), rest) if rest else tensor
-    moved = _raw_move(converted, target, bool(kwargs.get("non_blocking")))
-    return wrap(moved, CPU, None) if target == CPU else moved
+    return _raw_move(converted, target, bool(kwargs.get("non_blocking")))
 
 
 def _crosses_devices(tensors) -> bool:

@@ -182,27 +182,6 @@ def is_program_wrapper(tensor) -> bool:
         cls.__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
 
 
-def to_copy(tensor, dst: int, non_blocking: bool):
-    """A program's wrapper subclass made on an emulated GPU, moved as on a GPU box: by its own handler's `_to_copy`,
-    which hands the emulator the GPU tensors it wraps. (Autograd's own record of that `_to_copy` would send the
-    gradient back to the wrapper's host-side C++ device, that is nowhere: transfers._Move records the move.)"""
-    _host_move.on = dst < 0
-    try:
-        with torch._C.DisableTorchFunction():
-            return torch.ops.aten._to_copy.default(tensor, non_blocking=non_blocking, device=torch.device("cpu") if
-                                                   dst < 0 else torch.device("cuda", dst))
-    finally:
-        _host_move.on = False
-
-
-_host_move = threading.local()
-
-
-def moving_to_host() -> bool:
-    """Whether this thread is inside a program wrapper's move to the host, whose handler asks for `device="cpu"`."""
-    return getattr(_host_move, "on", False)
-
-
 def move_from_host(tensor, dst: int, non_blocking: bool, move):
     """`.to(device)` of a program's wrapper subclass made on the host. Its handler's ops would take the CPU build's
     own path to CUDA, which it has none of; a wrapper that lists its tensors (`__tensor_flatten__`, as torchao's and

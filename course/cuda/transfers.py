@@ -6,10 +6,12 @@ one is charged to the clock: a pageable host-to-GPU copy or a GPU-to-host copy b
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 
 import torch
 from torch.nested._internal.nested_tensor import NestedTensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _dispatch_mode_stack
 
 from course.cuda import devices, nested_jagged, subclasses, sync_debug
 from course.cuda.cuda_bindings import not_modelled
@@ -195,13 +197,47 @@ class _Move(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dst, non_blocking):
         ctx.src = device_of(tensor)
-        if subclasses.is_program_wrapper(tensor):  # its own handler moves what it wraps
-            return subclasses.to_copy(tensor, dst, non_blocking)
+        if subclasses.is_program_wrapper(tensor) or program_dispatch_mode():
+            return _dispatched_move(tensor, dst, non_blocking)
         return _raw_move(tensor, dst, non_blocking)
 
     @staticmethod
     def backward(ctx, grad):
         return move(grad, ctx.src), None, None
+
+
+def program_dispatch_mode() -> bool:
+    """Whether a program's TorchDispatchMode (a logger, FlopCounterMode, selective checkpointing's) is on: it must see
+    factories and moves as the ops they are on a GPU box (`aten.zeros`, `aten._to_copy`), not the emulator's steps.
+    PyTorch's fake and tracing modes are left out: they ask C++ for a CUDA generator or device guard, which a CPU
+    build has not, where the emulator's own steps give them host tensors to work on."""
+    return torch._C._len_torch_dispatch_stack() > 0 and any(
+        not type(mode).__module__.startswith(_NOT_PROGRAM_MODES) for mode in _dispatch_mode_stack())
+
+
+_NOT_PROGRAM_MODES = ("course.", "torch._subclasses.", "torch.fx.")
+
+
+def _dispatched_move(tensor, dst: int, non_blocking: bool):
+    """A move as a GPU box makes it, `aten._to_copy` through the dispatcher: a program's dispatch mode sees it, and a
+    wrapper subclass's own handler moves the tensors it wraps. The emulator meets it below (kernels.py; a host tensor's
+    copy allocates through cuda_key_factories). Autograd's record of it would send the gradient to the wrapper's
+    host-side C++ device, that is nowhere: _Move records the move instead."""
+    _host_move.on = dst == CPU
+    try:
+        with torch._C.DisableTorchFunction():
+            return torch.ops.aten._to_copy.default(tensor, non_blocking=non_blocking, device=torch.device("cpu") if
+                                                   dst == CPU else torch.device("cuda", dst))
+    finally:
+        _host_move.on = False
+
+
+_host_move = threading.local()
+
+
+def moving_to_host() -> bool:
+    """Whether this thread is inside a move to the host made through the dispatcher, which asks for `device="cpu"`."""
+    return getattr(_host_move, "on", False)
 
 
 def nested_not_modelled() -> RuntimeError:
