@@ -311,6 +311,41 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
 
 
+def test_half_precision_fft_runs_as_cufft_runs_it(emu):
+    """cuFFT's float16/complex32 transforms (the CPU has none, and refused with "Unsupported dtype Half"): results in
+    the half dtypes, the float transform's values rounded, gradients back in float16; signal sizes that are not
+    powers of two stop with cuFFT's error (CuFFTPlanCache.h), bfloat16 with the dtype check's, and a host tensor as
+    before."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=gen).half()
+    for name, kwargs in [("fft", {}), ("ifft2", {}), ("rfft", {}), ("irfftn", {"s": (4, 8)}), ("hfft", {"n": 8}),
+                         ("ihfft2", {})]:
+        call = getattr(torch.fft, name)
+        gpu = x.cuda(1).requires_grad_()
+        out = call(gpu, **kwargs)
+        host = x.float().requires_grad_()
+        expected = call(host, **kwargs)
+        assert out.device == torch.device("cuda", 1)
+        assert out.dtype == (torch.complex32 if expected.is_complex() else torch.float16)
+        torch.testing.assert_close(out.cpu().to(expected.dtype), expected.detach().to(out.dtype).to(expected.dtype))
+        loss = (lambda t: t.abs().sum() if t.is_complex() else t.square().sum())
+        loss(out).backward()
+        expected_grad, = torch.autograd.grad(loss(expected), host)
+        assert gpu.grad.dtype == torch.float16 and gpu.grad.device == torch.device("cuda", 1)
+        torch.testing.assert_close(gpu.grad.cpu().float(), expected_grad, atol=1e-2, rtol=1e-2)
+    chalf = torch.fft.fft(x.cuda()).to(torch.complex32)
+    assert torch.fft.ifft(chalf).dtype == torch.complex32 and torch.fft.irfft(chalf, n=8).dtype == torch.float16
+    with pytest.raises(RuntimeError, match=r"powers of two when computing in half precision, but got a signal size "
+                                           r"of\[3, 8\]"):
+        torch.fft.fft2(x[:3].cuda())
+    with pytest.raises(RuntimeError, match=r"but got a signal size of\[14\]"):
+        torch.fft.irfft(x.cuda())  # the default n, 2 * (8 - 1)
+    with pytest.raises(RuntimeError, match="Unsupported dtype BFloat16"):
+        torch.fft.fft(x.bfloat16().cuda())
+    with pytest.raises(RuntimeError, match="Unsupported dtype Half"):
+        torch.fft.fft(x)
+
+
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
     """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
     __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently
