@@ -346,6 +346,36 @@ def test_half_precision_fft_runs_as_cufft_runs_it(emu):
         torch.fft.fft(x)
 
 
+def test_lu_without_pivoting_runs_as_cuda_runs_it(emu):
+    """`pivot=False` LU, which only CUDA runs (the CPU refuses it): L @ U gives A back, pivots are 1..k, infos name
+    the first zero pivot with the NaNs after it set to 0 as PyTorch's cuSOLVER path does, LU is column-major as the
+    pivoted one, and gradients pass gradcheck. A host tensor keeps the CPU's error."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.complex128):
+        for shape in ((2, 4, 4), (4, 2), (3, 5)):
+            a = torch.randn(shape, dtype=dtype, generator=gen)
+            lu, pivots, info = torch.linalg.lu_factor_ex(a.cuda(1), pivot=False)
+            k = min(shape[-2:])
+            assert lu.device == torch.device("cuda", 1) and lu.stride() == torch.linalg.lu_factor_ex(a).LU.stride()
+            assert torch.equal(pivots.cpu(), torch.arange(1, k + 1, dtype=torch.int32).expand(shape[:-2] + (k,)))
+            assert (info.cpu() == 0).all()
+            _, lower, upper = torch.lu_unpack(lu, pivots, unpack_pivots=False)
+            torch.testing.assert_close((lower @ upper).cpu(), a)
+            p, lower2, upper2 = torch.linalg.lu(a.cuda(1), pivot=False)
+            assert p.numel() == 0 and torch.equal(lower2.cpu(), lower.cpu()) and torch.equal(upper2.cpu(), upper.cpu())
+    ones = torch.ones(2, 3, 3, dtype=torch.float64).cuda()
+    lu, _, info = torch.linalg.lu_factor_ex(ones, pivot=False)
+    assert info.tolist() == [2, 2]
+    assert torch.equal(lu[0].cpu(), torch.tensor([[1.0, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"U\[2,2\] is zero"):
+        torch.linalg.lu_factor(ones, pivot=False)
+    x = torch.randn(3, 3, dtype=torch.float64, generator=gen).cuda().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: torch.linalg.lu(t, pivot=False)[1:], (x,))
+    assert torch.autograd.gradcheck(lambda t: torch.linalg.lu_factor(t, pivot=False)[0], (x,))
+    with pytest.raises(RuntimeError, match="LU without pivoting is not implemented on the CPU"):
+        torch.linalg.lu_factor(x.detach().cpu(), pivot=False)
+
+
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
     """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
     __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from course.cuda import half_fft
+from course.cuda import half_fft, unpivoted_lu
 from course.cuda.devices import current_emulator
 
 aten = torch.ops.aten
@@ -214,6 +214,7 @@ _FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default
 KERNELS = {
     **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
     **half_fft.KERNELS,
+    **unpivoted_lu.KERNELS,
     aten.abs.default: abs_,
     aten.trace.default: trace,
     aten._softmax.default: _softmax_kernel(aten._softmax.default),
