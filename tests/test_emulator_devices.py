@@ -376,6 +376,35 @@ def test_lu_without_pivoting_runs_as_cuda_runs_it(emu):
         torch.linalg.lu_factor(x.detach().cpu(), pivot=False)
 
 
+def test_integer_histc_and_half_rrelu_run_as_on_a_gpu(emu):
+    """Kernels CUDA has and the CPU lacks: histc of integers (counts in the input's dtype, bins in integer arithmetic,
+    the data's range when min == max) and rrelu of float16, whose training-mode slopes are the float op's draws from
+    the same seed, rounded, with gradients to match."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.uint8, torch.int32, torch.int64):
+        x = torch.randint(0, 49, (300,), generator=gen).to(dtype)
+        for bins, low, high in ((5, 0, 50), (49, 0, 49), (7, 3.9, 40), (4, 0, 0)):
+            counts = torch.histc(x.cuda(1), bins=bins, min=low, max=high)
+            assert counts.dtype == dtype and counts.device == torch.device("cuda", 1)
+            expected = torch.histc(x.double(), bins=bins, min=int(low), max=int(high))
+            assert torch.equal(counts.cpu().double(), expected)
+    assert torch.histc(torch.tensor([2, 2]).cuda(), bins=3).tolist() == [0, 2, 0]  # range widened to [1, 3]
+    h = torch.randn(16, generator=gen).half()
+    gpu, host = h.cuda(1).requires_grad_(), h.float().requires_grad_()
+    torch.manual_seed(7)
+    out = F.rrelu(gpu, training=True)
+    torch.manual_seed(7)
+    expected = F.rrelu(host, training=True)
+    assert out.dtype == torch.float16 and torch.equal(out.cpu(), expected.detach().half())
+    out.sum().backward()
+    expected.sum().backward()
+    assert gpu.grad.dtype == torch.float16 and torch.equal(gpu.grad.cpu(), host.grad.half())
+    in_place = h.cuda()
+    torch.manual_seed(7)
+    F.rrelu(in_place, training=True, inplace=True)
+    assert torch.equal(in_place.cpu(), expected.detach().half())
+
+
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
     """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
     __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently
