@@ -405,6 +405,52 @@ def test_integer_histc_and_half_rrelu_run_as_on_a_gpu(emu):
     assert torch.equal(in_place.cpu(), expected.detach().half())
 
 
+def test_fused_attention_ops_called_directly_return_what_cuda_returns(emu):
+    """`_flash_attention_forward` / `_efficient_attention_forward` (OpInfo calls them by name; the CPU has no kernel):
+    their meta functions' outputs (layout, float32 log-sum-exp, padded to 32 with +inf for the memory-efficient one,
+    seed and offset), values and gradients as the math path gives them with flash's lower-right causal mask and
+    the memory-efficient kernel's mask types; dropout and a float32 flash call stop by name."""
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, m, n, dim = 2, 4, 11, 32, 8
+    q, k, v = (torch.randn(batch, s, heads, dim, generator=gen) for s in (m, n, n))
+
+    def reference(lower_right_offset):
+        qf, kf, vf = (t.transpose(1, 2).requires_grad_() for t in (q.clone(), k.clone(), v.clone()))
+        mask = None if lower_right_offset is None else torch.ones(m, n, dtype=torch.bool).tril(lower_right_offset)
+        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask)
+        out.square().sum().backward()
+        return out.transpose(1, 2), [t.grad.transpose(1, 2) for t in (qf, kf, vf)]
+
+    for causal in (False, True):
+        args = [t.half().cuda(1).requires_grad_() for t in (q, k, v)]
+        out, lse, seed, offset, debug = torch.ops.aten._flash_attention_forward(*args, None, None, m, n, 0.0, causal,
+                                                                                False)
+        assert out.shape == q.shape and out.dtype == torch.float16 and out.device == torch.device("cuda", 1)
+        assert lse.shape == (batch, heads, m) and lse.dtype == torch.float32
+        assert seed.shape == (2,) and seed.dtype == offset.dtype == torch.uint64 and debug.numel() == 0
+        expected, grads = reference(n - m if causal else None)
+        torch.testing.assert_close(out.cpu().float(), expected, atol=2e-3, rtol=2e-3)
+        out.float().square().sum().backward()
+        for arg, grad in zip(args, grads):
+            torch.testing.assert_close(arg.grad.cpu().float(), grad, atol=1e-2, rtol=1e-2)
+    for mask_type, offset in ((0, None), (1, 0), (2, n - m)):
+        args = [t.cuda().requires_grad_() for t in (q, k, v)]
+        out, lse, seed, offset_t, max_q, max_k = torch.ops.aten._efficient_attention_forward(
+            *args, None, None, None, None, None, 0.0, mask_type, True)
+        assert lse.shape == (batch, heads, 32) and (lse[..., m:] == float("inf")).all().item()
+        assert seed.dtype == offset_t.dtype == torch.int64 and (max_q, max_k) == (m, n)
+        expected, grads = reference(offset)
+        torch.testing.assert_close(out.cpu(), expected)
+        out.square().sum().backward()
+        for arg, grad in zip(args, grads):
+            torch.testing.assert_close(arg.grad.cpu(), grad)
+    with pytest.raises(RuntimeError, match="with dropout is not modelled"):
+        torch.ops.aten._flash_attention_forward(q.half().cuda(), k.half().cuda(), v.half().cuda(), None, None, m, n,
+                                                0.5, False, False)
+    with pytest.raises(RuntimeError, match="FlashAttention only support fp16 and bf16 data type"):
+        torch.ops.aten._flash_attention_forward(q.cuda(), k.cuda(), v.cuda(), None, None, m, n, 0.0, False, False)
+
+
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
     """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
     __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently

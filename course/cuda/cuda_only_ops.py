@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from course.cuda import half_fft, unpivoted_lu
+from course.cuda import fused_attention_ops, half_fft, unpivoted_lu
 from course.cuda.devices import current_emulator
 
 aten = torch.ops.aten
@@ -251,6 +251,7 @@ KERNELS = {
     **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
     **half_fft.KERNELS,
     **unpivoted_lu.KERNELS,
+    **fused_attention_ops.KERNELS,
     aten.abs.default: abs_,
     aten.histc.default: histc,
     aten.rrelu_with_noise.default: _rrelu_in_float(aten.rrelu_with_noise.default),
