@@ -363,6 +363,10 @@ def test_lu_without_pivoting_runs_as_cuda_runs_it(emu):
             torch.testing.assert_close((lower @ upper).cpu(), a)
             p, lower2, upper2 = torch.linalg.lu(a.cuda(1), pivot=False)
             assert p.numel() == 0 and torch.equal(lower2.cpu(), lower.cpu()) and torch.equal(upper2.cpu(), upper.cpu())
+            for pivoted, expected in zip(torch.linalg.lu_factor_ex(a.cuda(1)), torch.linalg.lu_factor_ex(a)):
+                assert torch.equal(pivoted.cpu(), expected)  # pivot=True: the CPU's LAPACK, as before
+            for pivoted, expected in zip(torch.linalg.lu(a.cuda(1)), torch.linalg.lu(a)):
+                assert torch.equal(pivoted.cpu(), expected)
     ones = torch.ones(2, 3, 3, dtype=torch.float64).cuda()
     lu, _, info = torch.linalg.lu_factor_ex(ones, pivot=False)
     assert info.tolist() == [2, 2]

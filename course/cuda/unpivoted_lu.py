@@ -38,7 +38,7 @@ def _factor(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if pivot:
-        return aten.linalg_lu_factor_ex.default(a, pivot, check_errors)
+        return aten.linalg_lu_factor_ex.default(a, pivot=pivot, check_errors=check_errors)
     lu, pivots, info = _factor(a)
     if check_errors:
         aten._linalg_check_errors.default(info, "torch.linalg.lu_factor_ex", is_matrix=a.dim() == 2)
@@ -48,7 +48,7 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
 def linalg_lu(a, pivot=True):
     """P, L and U; P is empty without pivoting, as `linalg_lu_out` unpacks no pivots then."""
     if pivot:
-        return aten.linalg_lu.default(a, pivot)
+        return aten.linalg_lu.default(a, pivot=pivot)
     lu, pivots, _info = _factor(a)
     return aten.lu_unpack.default(lu, pivots, True, False)
 
