@@ -215,6 +215,8 @@ def histc(x, bins=100, min=0, max=0):
         return aten.histc.default(x, bins, min, max)
     if bins <= 0:
         raise RuntimeError("bins must be > 0")
+    if x.is_meta:  # shape-only: the counts' shape needs no data
+        return x.new_empty(bins)
     low, high = int(min), int(max)
     if low == high and x.numel() > 0:
         low, high = int(x.min()), int(x.max())

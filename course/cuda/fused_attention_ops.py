@@ -48,12 +48,12 @@ def _check_flash(q, k, v) -> None:
         raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
 
 
-def _mask(m: int, n: int, causal: str | None) -> torch.Tensor | None:
+def _mask(m: int, n: int, causal: str | None, device) -> torch.Tensor | None:
     """Which keys each query may see: None for all; upper-left (j <= i) or lower-right (j <= i + n - m)."""
     if causal is None:
         return None
     shift = 0 if causal == "upper_left" else n - m
-    return torch.arange(n) <= torch.arange(m).unsqueeze(-1) + shift
+    return torch.arange(n, device=device) <= torch.arange(m, device=device).unsqueeze(-1) + shift
 
 
 def _probabilities(q, k, scale, causal, bias):
@@ -63,7 +63,7 @@ def _probabilities(q, k, scale, causal, bias):
     scores = q.float() @ kf.transpose(-2, -1) * scale
     if bias is not None:
         scores = scores + bias.float()
-    allowed = _mask(q.shape[-2], k.shape[-2], causal)
+    allowed = _mask(q.shape[-2], k.shape[-2], causal, q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     lse = scores.logsumexp(-1)
@@ -97,8 +97,8 @@ def _seqs_first(*tensors):
     return [t.transpose(1, 2) for t in tensors]
 
 
-def _flash_rng_state():
-    return torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64)
+def _flash_rng_state(device):
+    return torch.zeros(2, dtype=torch.uint64, device=device), torch.zeros((), dtype=torch.uint64, device=device)
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -110,8 +110,8 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     _check_flash(query, key, value)
     q, k, v = _seqs_first(query, key, value)
     out, lse = _forward(q, k, v, scale, "lower_right" if is_causal else None)
-    seed, offset = _flash_rng_state()
-    return out.transpose(1, 2), lse, seed, offset, torch.empty(0, dtype=query.dtype)
+    seed, offset = _flash_rng_state(query.device)
+    return out.transpose(1, 2), lse, seed, offset, query.new_empty(0)
 
 
 def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -133,7 +133,7 @@ def _padded_lse(lse, compute_log_sumexp):
     not asked for."""
     m = lse.shape[-1]
     width = math.ceil(m / 32) * 32 if compute_log_sumexp else 0
-    padded = torch.full(lse.shape[:-1] + (width,), float("inf"))
+    padded = torch.full(lse.shape[:-1] + (width,), float("inf"), device=lse.device)
     padded[..., :min(m, width)] = lse[..., :width]
     return padded
 
@@ -147,7 +147,7 @@ def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlen
         raise NotImplementedError(f"_efficient_attention_forward: no kernel for {query.dtype}")
     q, k, v = _seqs_first(query, key, value)
     out, lse = _forward(q, k, v, scale, _custom_mask(custom_mask_type), bias)
-    zero = torch.zeros((), dtype=torch.int64)
+    zero = torch.zeros((), dtype=torch.int64, device=query.device)
     return (out.transpose(1, 2), _padded_lse(lse, compute_log_sumexp), zero, zero.clone(), query.shape[1],
             key.shape[1])
 
@@ -160,7 +160,7 @@ def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seq
             window=window_size is not None)
     g, q, k, v, o = _seqs_first(grad_out_, query, key, value, out)
     dq, dk, dv, d_scores = _backward(g, q, k, v, o, scale, _custom_mask(custom_mask_type), bias)
-    d_bias = d_scores.to(bias.dtype) if bias is not None and bias_requires_grad else torch.empty(0, dtype=query.dtype)
+    d_bias = d_scores.to(bias.dtype) if bias is not None and bias_requires_grad else query.new_empty(0)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), d_bias
 
 

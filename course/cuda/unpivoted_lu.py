@@ -22,7 +22,7 @@ def _factor(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     lu = a.clone()
     m, n = a.shape[-2:]
     k = min(m, n)
-    info = torch.zeros(a.shape[:-2], dtype=torch.int32)
+    info = torch.zeros(a.shape[:-2], dtype=torch.int32, device=a.device)
     for j in range(k):
         pivot = lu[..., j, j]
         info = torch.where((info == 0) & (pivot == 0), j + 1, info)
@@ -32,7 +32,7 @@ def _factor(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lu = torch.where(lu == lu, lu, 0)
     else:
         lu = torch.nan_to_num(lu, 0, float("inf"), float("-inf"))
-    pivots = torch.arange(1, k + 1, dtype=torch.int32).expand(a.shape[:-2] + (k,)).contiguous()
+    pivots = torch.arange(1, k + 1, dtype=torch.int32, device=a.device).expand(a.shape[:-2] + (k,)).contiguous()
     return lu.mT.contiguous().mT, pivots, info
 
 
