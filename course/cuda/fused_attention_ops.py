@@ -8,7 +8,8 @@ query's dtype and layout, the float32 log-sum-exp (padded to a multiple of 32 wi
 kernel, whose kernel_forward.h writes +inf past the last query), and seed and offset tensors. The values come from
 the math path in float32 (the kernels accumulate in float). `is_causal` is flash-attention 2's lower-right alignment
 (sdp_utils.cpp, check_flash_causal_non_square_seqlens); the memory-efficient kernel's `custom_mask_type` 1 is
-upper-left and 2 lower-right. Rows with no key left give 0 and a log-sum-exp of +inf, as the kernels write.
+upper-left and 2 lower-right. Rows with no key left give 0 and a log-sum-exp of +inf, as flash's kernel writes
+them (the memory-efficient kernel's log-sum-exp there is not checked against its source).
 
 Not modelled, and refused by name: dropout (its mask is the kernel's own Philox stream, which backward replays),
 variable-length batches (`cum_seq_*`, `cu_seqlens_*`), sliding windows, ALiBi, paged KV and the debug mask.
