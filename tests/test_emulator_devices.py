@@ -413,7 +413,8 @@ def test_fused_attention_ops_called_directly_return_what_cuda_returns(emu):
     """`_flash_attention_forward` / `_efficient_attention_forward` (OpInfo calls them by name; the CPU has no kernel):
     their meta functions' outputs (layout, float32 log-sum-exp, padded to 32 with +inf for the memory-efficient one,
     seed and offset), values and gradients as the math path gives them with flash's lower-right causal mask and
-    the memory-efficient kernel's mask types; dropout and a float32 flash call stop by name."""
+    the memory-efficient kernel's mask types, dropout's mask drawn again in backward from the returned seed; varlen
+    batches and a float32 flash call stop by name."""
     gen = torch.Generator().manual_seed(0)
     batch, heads, m, n, dim = 2, 4, 11, 32, 8
     q, k, v = (torch.randn(batch, s, heads, dim, generator=gen) for s in (m, n, n))
@@ -448,9 +449,21 @@ def test_fused_attention_ops_called_directly_return_what_cuda_returns(emu):
         out.square().sum().backward()
         for arg, grad in zip(args, grads):
             torch.testing.assert_close(arg.grad.cpu(), grad)
-    with pytest.raises(RuntimeError, match="with dropout is not modelled"):
-        torch.ops.aten._flash_attention_forward(q.half().cuda(), k.half().cuda(), v.half().cuda(), None, None, m, n,
-                                                0.5, False, False)
+    args = [t.cuda().requires_grad_() for t in (q, k, v)]  # dropout: one mask, drawn from the returned seed, in both
+    out, _, seed, _, _, _ = torch.ops.aten._efficient_attention_forward(*args, None, None, None, None, None, 0.5, 0,
+                                                                        True)
+    out.square().sum().backward()
+    keep = torch.rand(batch, heads, m, n, generator=torch.Generator().manual_seed(int(seed.cpu()))) >= 0.5
+    qf, kf, vf = (t.transpose(1, 2).requires_grad_() for t in (q.clone(), k.clone(), v.clone()))
+    expected = (torch.softmax(qf @ kf.mT * dim ** -0.5, -1) * keep / 0.5) @ vf
+    expected.square().sum().backward()
+    torch.testing.assert_close(out.cpu().transpose(1, 2), expected.detach())
+    for arg, reference in zip(args, (qf, kf, vf)):
+        torch.testing.assert_close(arg.grad.cpu().transpose(1, 2), reference.grad)
+    with pytest.raises(RuntimeError, match="with variable_lengths is not modelled"):
+        torch.ops.aten._flash_attention_forward(q.half().cuda(), k.half().cuda(), v.half().cuda(),
+                                                torch.tensor([0, m]).cuda(), torch.tensor([0, n]).cuda(), m, n, 0.0,
+                                                False, False)
     with pytest.raises(RuntimeError, match="FlashAttention only support fp16 and bf16 data type"):
         torch.ops.aten._flash_attention_forward(q.cuda(), k.cuda(), v.cuda(), None, None, m, n, 0.0, False, False)
 

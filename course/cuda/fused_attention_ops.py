@@ -11,8 +11,12 @@ the math path in float32 (the kernels accumulate in float). `is_causal` is flash
 upper-left and 2 lower-right. Rows with no key left give 0 and a log-sum-exp of +inf, as flash's kernel writes
 them (the memory-efficient kernel's log-sum-exp there is not checked against its source).
 
-Not modelled, and refused by name: dropout (its mask is the kernel's own Philox stream, which backward replays),
-variable-length batches (`cum_seq_*`, `cu_seqlens_*`), sliding windows, ALiBi, paged KV and the debug mask.
+Dropout: the kernels draw their mask from Philox at the seed and offset they return, and backward draws it again
+from those. Here the forward draws a seed from the emulated GPU's generator (the host's, as for every random op on
+the emulator, course/cuda/rng.py), returns it as the seed with offset 0, and both passes draw the mask from a
+generator seeded with it: the same mask forward and backward, values that differ from a GPU's as every draw does.
+Not modelled, and refused by name: variable-length batches (`cum_seq_*`, `cu_seqlens_*`), sliding windows, ALiBi,
+paged KV and the debug mask.
 Differences from a GPU box: the memory-efficient kernel's seed and offset are CPU tensors there, GPU ones here.
 """
 from __future__ import annotations
@@ -57,6 +61,20 @@ def _mask(m: int, n: int, causal: str | None, device) -> torch.Tensor | None:
     return torch.arange(n, device=device) <= torch.arange(m, device=device).unsqueeze(-1) + shift
 
 
+def _draw_seed(dropout_p: float) -> int:
+    """The seed a dropout mask is drawn from, taken from the emulated GPU's generator (0 without dropout)."""
+    return int(torch.randint(0, 2**62, ())) if dropout_p > 0 else 0
+
+
+def _keep(shape, dropout_p: float, seed: int, device) -> torch.Tensor | None:
+    """Which attention weights dropout keeps, drawn the same way in forward and backward from the seed."""
+    if dropout_p == 0:
+        return None
+    if device.type == "meta":
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) >= dropout_p
+
+
 def _probabilities(q, k, scale, causal, bias):
     """The softmax of (B, H, M, N) scores in float32, rows with no key all 0, and their log-sum-exp (+inf there)."""
     group = q.shape[1] // k.shape[1]  # grouped-query heads: each key/value head serves `group` query heads
@@ -73,23 +91,30 @@ def _probabilities(q, k, scale, causal, bias):
     return probs, torch.where(empty, float("inf"), lse), group
 
 
-def _forward(q, k, v, scale, causal, bias=None):
-    """(B, H, M, D) inputs: the output in q's dtype and the float32 log-sum-exp (B, H, M)."""
+def _dropped(probs, keep, dropout_p):
+    return probs if keep is None else probs * keep / (1 - dropout_p)
+
+
+def _forward(q, k, v, scale, causal, bias=None, dropout_p=0.0, seed=0):
+    """(B, H, M, D) inputs: the output in q's dtype and the float32 log-sum-exp (B, H, M) of the undropped scores."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     probs, lse, group = _probabilities(q, k, scale, causal, bias)
+    probs = _dropped(probs, _keep(probs.shape, dropout_p, seed, q.device), dropout_p)
     return (probs @ v.float().repeat_interleave(group, dim=1)).to(q.dtype), lse
 
 
-def _backward(grad, q, k, v, out, scale, causal, bias=None):
-    """Gradients of q, k, v and the scores (the bias's), from the probabilities recomputed as the kernels do."""
+def _backward(grad, q, k, v, out, scale, causal, bias=None, dropout_p=0.0, seed=0):
+    """Gradients of q, k, v and the scores (the bias's), from the probabilities and dropout mask recomputed as the
+    kernels recompute them."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     probs, _, group = _probabilities(q, k, scale, causal, bias)
+    keep = _keep(probs.shape, dropout_p, seed, q.device)
     g, kf, vf = grad.float(), k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
-    d_probs = g @ vf.transpose(-2, -1)
+    d_probs = _dropped(g @ vf.transpose(-2, -1), keep, dropout_p)
     d_scores = probs * (d_probs - (g * out.float()).sum(-1, keepdim=True))
     dq = d_scores @ kf * scale
     dk = (d_scores.transpose(-2, -1) @ q.float() * scale).unflatten(1, (-1, group)).sum(2)
-    dv = (probs.transpose(-2, -1) @ g).unflatten(1, (-1, group)).sum(2)
+    dv = (_dropped(probs, keep, dropout_p).transpose(-2, -1) @ g).unflatten(1, (-1, group)).sum(2)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_scores
 
 
@@ -98,30 +123,37 @@ def _seqs_first(*tensors):
     return [t.transpose(1, 2) for t in tensors]
 
 
-def _flash_rng_state(device):
-    return torch.zeros(2, dtype=torch.uint64, device=device), torch.zeros((), dtype=torch.uint64, device=device)
+def _flash_rng_state(seed: int, device):
+    """flash's (seed, offset) pair and the unused 0-dim tensor (uint64, as its meta function makes them)."""
+    return (torch.tensor([seed, 0], dtype=torch.uint64, device=device),
+            torch.zeros((), dtype=torch.uint64, device=device))
+
+
+def _seed_of(tensor) -> int:
+    return 0 if tensor is None or tensor.is_meta or tensor.numel() == 0 else int(tensor.reshape(-1)[0])
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                             return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
                             seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
-    _refuse("_flash_attention_forward", dropout=dropout_p, variable_lengths=cum_seq_q is not None,
+    _refuse("_flash_attention_forward", variable_lengths=cum_seq_q is not None,
             debug_mask=return_debug_mask, window=window_size_left is not None or window_size_right is not None,
             seqused_k=seqused_k is not None, alibi=alibi_slopes is not None, paged_kv=block_table is not None)
     _check_flash(query, key, value)
     q, k, v = _seqs_first(query, key, value)
-    out, lse = _forward(q, k, v, scale, "lower_right" if is_causal else None)
-    seed, offset = _flash_rng_state(query.device)
-    return out.transpose(1, 2), lse, seed, offset, query.new_empty(0)
+    seed = _draw_seed(dropout_p)
+    out, lse = _forward(q, k, v, scale, "lower_right" if is_causal else None, None, dropout_p, seed)
+    rng_state, unused = _flash_rng_state(seed, query.device)
+    return out.transpose(1, 2), lse, rng_state, unused, query.new_empty(0)
 
 
 def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                              dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
                              window_size_right=None):
-    _refuse("_flash_attention_backward", dropout=dropout_p,
-            window=window_size_left is not None or window_size_right is not None)
+    _refuse("_flash_attention_backward", window=window_size_left is not None or window_size_right is not None)
     g, q, k, v, o = _seqs_first(grad_out, query, key, value, out)
-    dq, dk, dv, _ = _backward(g, q, k, v, o, scale, "lower_right" if is_causal else None)
+    dq, dk, dv, _ = _backward(g, q, k, v, o, scale, "lower_right" if is_causal else None, None, dropout_p,
+                              _seed_of(rng_state))
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
@@ -142,25 +174,26 @@ def _padded_lse(lse, compute_log_sumexp):
 def efficient_attention_forward(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 dropout_p, custom_mask_type, compute_log_sumexp=False, *, scale=None, seqlen_k=None,
                                 window_size=None):
-    _refuse("_efficient_attention_forward", dropout=dropout_p, variable_lengths=cu_seqlens_q is not None,
+    _refuse("_efficient_attention_forward", variable_lengths=cu_seqlens_q is not None,
             seqlen_k=seqlen_k is not None, window=window_size is not None)
     if query.dtype not in _EFFICIENT_DTYPES:
         raise NotImplementedError(f"_efficient_attention_forward: no kernel for {query.dtype}")
     q, k, v = _seqs_first(query, key, value)
-    out, lse = _forward(q, k, v, scale, _custom_mask(custom_mask_type), bias)
-    zero = torch.zeros((), dtype=torch.int64, device=query.device)
-    return (out.transpose(1, 2), _padded_lse(lse, compute_log_sumexp), zero, zero.clone(), query.shape[1],
-            key.shape[1])
+    seed = _draw_seed(dropout_p)
+    out, lse = _forward(q, k, v, scale, _custom_mask(custom_mask_type), bias, dropout_p, seed)
+    seed_t = torch.tensor(seed, dtype=torch.int64, device=query.device)
+    return (out.transpose(1, 2), _padded_lse(lse, compute_log_sumexp), seed_t, torch.zeros_like(seed_t),
+            query.shape[1], key.shape[1])
 
 
 def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, logsumexp, dropout_p, philox_seed, philox_offset, custom_mask_type,
                                  bias_requires_grad, *, scale=None, num_splits_key=None, window_size=None,
                                  shared_storage_dqdkdv=False):
-    _refuse("_efficient_attention_backward", dropout=dropout_p, variable_lengths=cu_seqlens_q is not None,
-            window=window_size is not None)
+    _refuse("_efficient_attention_backward", variable_lengths=cu_seqlens_q is not None, window=window_size is not None)
     g, q, k, v, o = _seqs_first(grad_out_, query, key, value, out)
-    dq, dk, dv, d_scores = _backward(g, q, k, v, o, scale, _custom_mask(custom_mask_type), bias)
+    dq, dk, dv, d_scores = _backward(g, q, k, v, o, scale, _custom_mask(custom_mask_type), bias, dropout_p,
+                                     _seed_of(philox_seed))
     d_bias = d_scores.to(bias.dtype) if bias is not None and bias_requires_grad else query.new_empty(0)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), d_bias
 
@@ -176,8 +209,8 @@ def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
 
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                         is_causal, philox_seed, philox_offset, *, scale=None):
-    _refuse("_scaled_dot_product_flash_attention_backward", dropout=dropout_p)
-    dq, dk, dv, _ = _backward(grad_out, query, key, value, out, scale, "lower_right" if is_causal else None)
+    dq, dk, dv, _ = _backward(grad_out, query, key, value, out, scale, "lower_right" if is_causal else None, None,
+                              dropout_p, _seed_of(philox_seed))
     return dq, dk, dv
 
 
@@ -192,9 +225,8 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0
 
 def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
                             dropout_p, grad_input_mask, is_causal=False, *, scale=None):
-    _refuse("_scaled_dot_product_efficient_attention_backward", dropout=dropout_p)
     dq, dk, dv, d_scores = _backward(grad_out_, query, key, value, out, scale, "upper_left" if is_causal else None,
-                                     attn_bias)
+                                     attn_bias, dropout_p, _seed_of(philox_seed))
     wants_bias = attn_bias is not None and len(grad_input_mask) > 3 and grad_input_mask[3]
     return dq, dk, dv, d_scores.to(attn_bias.dtype) if wants_bias else None
 
