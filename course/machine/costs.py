@@ -20,14 +20,14 @@ HOST_VIEW_NS = round(HOST_VIEW_OP_US * 1000)
 HOST_MODULE_CALL_NS = round(HOST_MODULE_CALL_US * 1000)
 HOST_MODULE_OP_NS = round(HOST_MODULE_OP_US * 1000)
 
-# torch's registry has no entry for the CPU flash-attention kernels, which are what SDPA dispatches to here.
-# They take (query, key, value, ...) and (grad_out, query, key, value, ...) in (batch, heads, seq, dim)
-# layout like the CUDA flash kernels, so the CUDA formulas apply unchanged.
 def _heads_first(*tensors):
     """The fused kernels' (batch, seq, heads, dim) tensors' shapes as (batch, heads, seq, dim)."""
     return [(t.shape[0], t.shape[2], t.shape[1], t.shape[3]) for t in tensors]
 
 
+# torch's registry has no entry for the CPU flash-attention kernels, which are what SDPA dispatches to here.
+# They take (query, key, value, ...) and (grad_out, query, key, value, ...) in (batch, heads, seq, dim)
+# layout like the CUDA flash kernels, so the CUDA formulas apply unchanged.
 _FLOP_FORMULAS = {
     **flop_registry,
     # torch's formulas for the flash and memory-efficient kernels called directly read their (batch, seq, heads, dim)
