@@ -393,6 +393,8 @@ def test_integer_histc_and_half_rrelu_run_as_on_a_gpu(emu):
             expected = torch.histc(x.double(), bins=bins, min=int(low), max=int(high))
             assert torch.equal(counts.cpu().double(), expected)
     assert torch.histc(torch.tensor([2, 2]).cuda(), bins=3).tolist() == [0, 2, 0]  # range widened to [1, 3]
+    with pytest.raises(RuntimeError, match="value cannot be converted to type uint8_t without overflow"):
+        torch.histc(torch.tensor([2, 2], dtype=torch.uint8).cuda(), bins=3, min=-1, max=3)
     h = torch.randn(16, generator=gen).half()
     gpu, host = h.cuda(1).requires_grad_(), h.float().requires_grad_()
     torch.manual_seed(7)

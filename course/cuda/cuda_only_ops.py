@@ -206,6 +206,10 @@ def trace(x):
     return aten.sum.default(x.diagonal()) if x.dtype == torch.bool else aten.trace.default(x)
 
 
+_C_TYPES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int",
+            torch.int64: "int64_t"}  # the names c10's AT_FORALL_SCALAR_TYPES gives them
+
+
 def histc(x, bins=100, min=0, max=0):
     """CUDA's histc of an integer tensor (`_histc_cuda` dispatches integers; the CPU's kernel refuses them): bounds
     cast to the input's type, the data's own range when they are equal, widened by one each way if still equal, and
@@ -217,6 +221,10 @@ def histc(x, bins=100, min=0, max=0):
         raise RuntimeError("bins must be > 0")
     if x.is_meta:  # shape-only: the counts' shape needs no data
         return x.new_empty(bins)
+    limits = torch.iinfo(x.dtype)
+    for bound in (min, max):  # Scalar::to<scalar_t>'s checked_convert (c10/core/Scalar.h)
+        if not limits.min <= bound <= limits.max:
+            raise RuntimeError(f"value cannot be converted to type {_C_TYPES[x.dtype]} without overflow")
     low, high = int(min), int(max)
     if low == high and x.numel() > 0:
         low, high = int(x.min()), int(x.max())
