@@ -311,6 +311,165 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
 
 
+def test_half_precision_fft_runs_as_cufft_runs_it(emu):
+    """cuFFT's float16/complex32 transforms (the CPU has none, and refused with "Unsupported dtype Half"): results in
+    the half dtypes, the float transform's values rounded, gradients back in float16; signal sizes that are not
+    powers of two stop with cuFFT's error (CuFFTPlanCache.h), bfloat16 with the dtype check's, and a host tensor as
+    before."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=gen).half()
+    for name, kwargs in [("fft", {}), ("ifft2", {}), ("rfft", {}), ("irfftn", {"s": (4, 8)}), ("hfft", {"n": 8}),
+                         ("ihfft2", {})]:
+        call = getattr(torch.fft, name)
+        gpu = x.cuda(1).requires_grad_()
+        out = call(gpu, **kwargs)
+        host = x.float().requires_grad_()
+        expected = call(host, **kwargs)
+        assert out.device == torch.device("cuda", 1)
+        assert out.dtype == (torch.complex32 if expected.is_complex() else torch.float16)
+        torch.testing.assert_close(out.cpu().to(expected.dtype), expected.detach().to(out.dtype).to(expected.dtype))
+        loss = (lambda t: t.abs().sum() if t.is_complex() else t.square().sum())
+        loss(out).backward()
+        expected_grad, = torch.autograd.grad(loss(expected), host)
+        assert gpu.grad.dtype == torch.float16 and gpu.grad.device == torch.device("cuda", 1)
+        torch.testing.assert_close(gpu.grad.cpu().float(), expected_grad, atol=1e-2, rtol=1e-2)
+    chalf = torch.fft.fft(x.cuda()).to(torch.complex32)
+    assert torch.fft.ifft(chalf).dtype == torch.complex32 and torch.fft.irfft(chalf, n=8).dtype == torch.float16
+    with pytest.raises(RuntimeError, match=r"powers of two when computing in half precision, but got a signal size "
+                                           r"of\[3, 8\]"):
+        torch.fft.fft2(x[:3].cuda())
+    with pytest.raises(RuntimeError, match=r"but got a signal size of\[14\]"):
+        torch.fft.irfft(x.cuda())  # the default n, 2 * (8 - 1)
+    with pytest.raises(RuntimeError, match="Unsupported dtype BFloat16"):
+        torch.fft.fft(x.bfloat16().cuda())
+    with pytest.raises(RuntimeError, match="Unsupported dtype Half"):
+        torch.fft.fft(x)
+
+
+def test_lu_without_pivoting_runs_as_cuda_runs_it(emu):
+    """`pivot=False` LU, which only CUDA runs (the CPU refuses it): L @ U gives A back, pivots are 1..k, infos name
+    the first zero pivot with the NaNs after it set to 0 as PyTorch's cuSOLVER path does, LU is column-major as the
+    pivoted one, and gradients pass gradcheck. A host tensor keeps the CPU's error."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.complex128):
+        for shape in ((2, 4, 4), (4, 2), (3, 5)):
+            a = torch.randn(shape, dtype=dtype, generator=gen)
+            lu, pivots, info = torch.linalg.lu_factor_ex(a.cuda(1), pivot=False)
+            k = min(shape[-2:])
+            assert lu.device == torch.device("cuda", 1) and lu.stride() == torch.linalg.lu_factor_ex(a).LU.stride()
+            assert torch.equal(pivots.cpu(), torch.arange(1, k + 1, dtype=torch.int32).expand(shape[:-2] + (k,)))
+            assert (info.cpu() == 0).all()
+            _, lower, upper = torch.lu_unpack(lu, pivots, unpack_pivots=False)
+            torch.testing.assert_close((lower @ upper).cpu(), a)
+            p, lower2, upper2 = torch.linalg.lu(a.cuda(1), pivot=False)
+            assert p.numel() == 0 and torch.equal(lower2.cpu(), lower.cpu()) and torch.equal(upper2.cpu(), upper.cpu())
+            for pivoted, expected in zip(torch.linalg.lu_factor_ex(a.cuda(1)), torch.linalg.lu_factor_ex(a)):
+                assert torch.equal(pivoted.cpu(), expected)  # pivot=True: the CPU's LAPACK, as before
+            for pivoted, expected in zip(torch.linalg.lu(a.cuda(1)), torch.linalg.lu(a)):
+                assert torch.equal(pivoted.cpu(), expected)
+    ones = torch.ones(2, 3, 3, dtype=torch.float64).cuda()
+    lu, _, info = torch.linalg.lu_factor_ex(ones, pivot=False)
+    assert info.tolist() == [2, 2]
+    assert torch.equal(lu[0].cpu(), torch.tensor([[1.0, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"U\[2,2\] is zero"):
+        torch.linalg.lu_factor(ones, pivot=False)
+    x = torch.randn(3, 3, dtype=torch.float64, generator=gen).cuda().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: torch.linalg.lu(t, pivot=False)[1:], (x,))
+    assert torch.autograd.gradcheck(lambda t: torch.linalg.lu_factor(t, pivot=False)[0], (x,))
+    with pytest.raises(RuntimeError, match="LU without pivoting is not implemented on the CPU"):
+        torch.linalg.lu_factor(x.detach().cpu(), pivot=False)
+
+
+def test_integer_histc_and_half_rrelu_run_as_on_a_gpu(emu):
+    """Kernels CUDA has and the CPU lacks: histc of integers (counts in the input's dtype, bins in integer arithmetic,
+    the data's range when min == max) and rrelu of float16, whose training-mode slopes are the float op's draws from
+    the same seed, rounded, with gradients to match."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.uint8, torch.int32, torch.int64):
+        x = torch.randint(0, 49, (300,), generator=gen).to(dtype)
+        for bins, low, high in ((5, 0, 50), (49, 0, 49), (7, 3.9, 40), (4, 0, 0)):
+            counts = torch.histc(x.cuda(1), bins=bins, min=low, max=high)
+            assert counts.dtype == dtype and counts.device == torch.device("cuda", 1)
+            expected = torch.histc(x.double(), bins=bins, min=int(low), max=int(high))
+            assert torch.equal(counts.cpu().double(), expected)
+    assert torch.histc(torch.tensor([2, 2]).cuda(), bins=3).tolist() == [0, 2, 0]  # range widened to [1, 3]
+    with pytest.raises(RuntimeError, match="value cannot be converted to type uint8_t without overflow"):
+        torch.histc(torch.tensor([2, 2], dtype=torch.uint8).cuda(), bins=3, min=-1, max=3)
+    h = torch.randn(16, generator=gen).half()
+    gpu, host = h.cuda(1).requires_grad_(), h.float().requires_grad_()
+    torch.manual_seed(7)
+    out = F.rrelu(gpu, training=True)
+    torch.manual_seed(7)
+    expected = F.rrelu(host, training=True)
+    assert out.dtype == torch.float16 and torch.equal(out.cpu(), expected.detach().half())
+    out.sum().backward()
+    expected.sum().backward()
+    assert gpu.grad.dtype == torch.float16 and torch.equal(gpu.grad.cpu(), host.grad.half())
+    in_place = h.cuda()
+    torch.manual_seed(7)
+    F.rrelu(in_place, training=True, inplace=True)
+    assert torch.equal(in_place.cpu(), expected.detach().half())
+
+
+def test_fused_attention_ops_called_directly_return_what_cuda_returns(emu):
+    """`_flash_attention_forward` / `_efficient_attention_forward` (OpInfo calls them by name; the CPU has no kernel):
+    their meta functions' outputs (layout, float32 log-sum-exp, padded to 32 with +inf for the memory-efficient one,
+    seed and offset), values and gradients as the math path gives them with flash's lower-right causal mask and
+    the memory-efficient kernel's mask types, dropout's mask drawn again in backward from the returned seed; varlen
+    batches and a float32 flash call stop by name."""
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, m, n, dim = 2, 4, 11, 32, 8
+    q, k, v = (torch.randn(batch, s, heads, dim, generator=gen) for s in (m, n, n))
+
+    def reference(lower_right_offset):
+        qf, kf, vf = (t.transpose(1, 2).requires_grad_() for t in (q.clone(), k.clone(), v.clone()))
+        mask = None if lower_right_offset is None else torch.ones(m, n, dtype=torch.bool).tril(lower_right_offset)
+        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask)
+        out.square().sum().backward()
+        return out.transpose(1, 2), [t.grad.transpose(1, 2) for t in (qf, kf, vf)]
+
+    for causal in (False, True):
+        args = [t.half().cuda(1).requires_grad_() for t in (q, k, v)]
+        out, lse, seed, offset, debug = torch.ops.aten._flash_attention_forward(*args, None, None, m, n, 0.0, causal,
+                                                                                False)
+        assert out.shape == q.shape and out.dtype == torch.float16 and out.device == torch.device("cuda", 1)
+        assert lse.shape == (batch, heads, m) and lse.dtype == torch.float32
+        assert seed.shape == (2,) and seed.dtype == offset.dtype == torch.uint64 and debug.numel() == 0
+        expected, grads = reference(n - m if causal else None)
+        torch.testing.assert_close(out.cpu().float(), expected, atol=2e-3, rtol=2e-3)
+        out.float().square().sum().backward()
+        for arg, grad in zip(args, grads):
+            torch.testing.assert_close(arg.grad.cpu().float(), grad, atol=1e-2, rtol=1e-2)
+    for mask_type, offset in ((0, None), (1, 0), (2, n - m)):
+        args = [t.cuda().requires_grad_() for t in (q, k, v)]
+        out, lse, seed, offset_t, max_q, max_k = torch.ops.aten._efficient_attention_forward(
+            *args, None, None, None, None, None, 0.0, mask_type, True)
+        assert lse.shape == (batch, heads, 32) and (lse[..., m:] == float("inf")).all().item()
+        assert seed.dtype == offset_t.dtype == torch.int64 and (max_q, max_k) == (m, n)
+        expected, grads = reference(offset)
+        torch.testing.assert_close(out.cpu(), expected)
+        out.square().sum().backward()
+        for arg, grad in zip(args, grads):
+            torch.testing.assert_close(arg.grad.cpu(), grad)
+    args = [t.cuda().requires_grad_() for t in (q, k, v)]  # dropout: one mask, drawn from the returned seed, in both
+    out, _, seed, _, _, _ = torch.ops.aten._efficient_attention_forward(*args, None, None, None, None, None, 0.5, 0,
+                                                                        True)
+    out.square().sum().backward()
+    keep = torch.rand(batch, heads, m, n, generator=torch.Generator().manual_seed(int(seed.cpu()))) >= 0.5
+    qf, kf, vf = (t.transpose(1, 2).requires_grad_() for t in (q.clone(), k.clone(), v.clone()))
+    expected = (torch.softmax(qf @ kf.mT * dim ** -0.5, -1) * keep / 0.5) @ vf
+    expected.square().sum().backward()
+    torch.testing.assert_close(out.cpu().transpose(1, 2), expected.detach())
+    for arg, reference in zip(args, (qf, kf, vf)):
+        torch.testing.assert_close(arg.grad.cpu().transpose(1, 2), reference.grad)
+    with pytest.raises(RuntimeError, match="with variable_lengths is not modelled"):
+        torch.ops.aten._flash_attention_forward(q.half().cuda(), k.half().cuda(), v.half().cuda(),
+                                                torch.tensor([0, m]).cuda(), torch.tensor([0, n]).cuda(), m, n, 0.0,
+                                                False, False)
+    with pytest.raises(RuntimeError, match="FlashAttention only support fp16 and bf16 data type"):
+        torch.ops.aten._flash_attention_forward(q.cuda(), k.cuda(), v.cuda(), None, None, m, n, 0.0, False, False)
+
+
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
     """pinv, pinverse and lstsq build lazy conjugate views inside their C++ (`Vh.mH() * S`); under
     __torch_dispatch__ the dispatcher's Conjugate fallback was off, so the bit was dropped and the results silently

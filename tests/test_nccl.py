@@ -378,3 +378,36 @@ def test_reductions_and_refusals_are_nccls_not_gloos():
         assert out["complex"][0] == "TypeError" and "not supported for NCCL" in out["complex"][1]
         sender = (rank - 1) % world_size
         assert torch.equal(out["p2p"], torch.arange(6.0).reshape(2, 3) + 10 * sender)
+
+
+def _host_tensor_collectives(rank, world_size):
+    torch.cuda.set_device(rank)
+    out = {"backend": dist.get_backend()}
+    for name, call in {"all_reduce": lambda t: dist.all_reduce(t), "broadcast": lambda t: dist.broadcast(t, 0),
+                       "all_gather": lambda t: dist.all_gather([torch.empty(2) for _ in range(world_size)], t)}.items():
+        host = torch.full((2,), float(rank + 1))
+        try:
+            call(host)
+            out[name] = host.tolist()
+        except RuntimeError as error:
+            out[name] = str(error)
+    gpu = torch.full((2,), float(rank + 1), device="cuda")
+    dist.all_reduce(gpu)
+    out["gpu"] = gpu.cpu().tolist()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_host_tensors_need_a_cpu_backend_in_the_group(backend):
+    """A group made with "nccl" alone has no backend for CPU tensors: a GPU box raises ProcessGroup::getBackend's
+    error for them (the emulator ran them through gloo); "cpu:gloo,cuda:nccl" takes both, and DDP (above) still
+    all-reduces its host-side buckets inside backward."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_host_tensor_collectives, 2, backend=backend)
+    for result in results:
+        assert result["backend"] == backend and result["gpu"] == [3.0, 3.0]
+        if backend == "nccl":
+            assert all(result[name] == "No backend type associated with device type cpu"
+                       for name in ("all_reduce", "broadcast", "all_gather"))
+        else:
+            assert result["all_reduce"] == [3.0, 3.0] and result["broadcast"] == [1.0, 1.0]

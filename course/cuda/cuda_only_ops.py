@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from course.cuda import fused_attention_ops, half_fft, unpivoted_lu
 from course.cuda.devices import current_emulator
 
 aten = torch.ops.aten
@@ -205,6 +206,52 @@ def trace(x):
     return aten.sum.default(x.diagonal()) if x.dtype == torch.bool else aten.trace.default(x)
 
 
+_C_TYPES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int",
+            torch.int64: "int64_t"}  # the names c10's AT_FORALL_SCALAR_TYPES gives them
+
+
+def histc(x, bins=100, min=0, max=0):
+    """CUDA's histc of an integer tensor (`_histc_cuda` dispatches integers; the CPU's kernel refuses them): bounds
+    cast to the input's type, the data's own range when they are equal, widened by one each way if still equal, and
+    each element's bin `(x - min) * bins / (max - min)` in integer arithmetic, the last bin closed (`getBin`,
+    aten/src/ATen/native/cuda/SummaryOps.cu); counts in the input's dtype."""
+    if x.is_floating_point() or x.is_complex():
+        return aten.histc.default(x, bins, min, max)
+    if bins <= 0:
+        raise RuntimeError("bins must be > 0")
+    if x.is_meta:  # shape-only: the counts' shape needs no data
+        return x.new_empty(bins)
+    limits = torch.iinfo(x.dtype)
+    for bound in (min, max):  # Scalar::to<scalar_t>'s checked_convert (c10/core/Scalar.h)
+        if not limits.min <= bound <= limits.max:
+            raise RuntimeError(f"value cannot be converted to type {_C_TYPES[x.dtype]} without overflow")
+    low, high = int(min), int(max)
+    if low == high and x.numel() > 0:
+        low, high = int(x.min()), int(x.max())
+    if low == high:
+        low, high = low - 1, high + 1
+    if low >= high:
+        raise RuntimeError("max must be larger than min")
+    values = x.reshape(-1).long()
+    values = values[(values >= low) & (values <= high)]
+    index = ((values - low) * bins).div((high - low), rounding_mode="floor").clamp_(max=bins - 1)
+    return torch.bincount(index, minlength=bins).to(x.dtype)
+
+
+def _rrelu_in_float(op):
+    """CUDA's rrelu for half (RreluWithNoise.cu dispatches Half; the CPU's kernel does not): the CPU's float kernel,
+    which draws each negative element's slope from the generator as the float op does (the emulated GPU's draws are
+    the host generator's, course/cuda/rng.py), its noise and result rounded to half."""
+    def kernel(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+        if x.dtype != torch.float16:
+            return op(x, noise, lower, upper, training, generator)
+        wide_noise = noise.float()
+        out = aten.rrelu_with_noise.default(x.float(), wide_noise, lower, upper, training, generator)
+        noise.copy_(wide_noise)
+        return x.copy_(out) if op is aten.rrelu_with_noise_.default else out.half()
+    return kernel
+
+
 _FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default, aten.multi_margin_loss.default,
                        aten.multi_margin_loss_backward.default, aten.multilabel_margin_loss_forward.default,
                        aten.multilabel_margin_loss_backward.default, aten._upsample_bilinear2d_aa.default,
@@ -212,7 +259,13 @@ _FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default
 
 KERNELS = {
     **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
+    **half_fft.KERNELS,
+    **unpivoted_lu.KERNELS,
+    **fused_attention_ops.KERNELS,
     aten.abs.default: abs_,
+    aten.histc.default: histc,
+    aten.rrelu_with_noise.default: _rrelu_in_float(aten.rrelu_with_noise.default),
+    aten.rrelu_with_noise_.default: _rrelu_in_float(aten.rrelu_with_noise_.default),
     aten.trace.default: trace,
     aten._softmax.default: _softmax_kernel(aten._softmax.default),
     aten._log_softmax.default: _softmax_kernel(aten._log_softmax.default),

@@ -338,11 +338,29 @@ class EmulatedNCCL(dist.ProcessGroup):
         with emu.clock.lock:
             emu.clock.stream_ready_ns[key] = max(emu.clock.stream_ready(*key), end_ns)
 
+    def _check_device_types(self, tensors) -> None:
+        """A C++ group hands a collective to its backend for the tensors' device type, and a group made with "nccl"
+        alone has none for CPU tensors ("No backend type associated with device type cpu", ProcessGroup::getBackend
+        in torch/csrc/distributed/c10d/ProcessGroup.hpp). Nor has torch 2.13's default group, which BackendConfig
+        gives the accelerator's backend only. A plain CPU tensor that PyTorch's C++ hands over (DDP's buckets) stands
+        for GPU memory here (it reaches comm hooks, Python ones too, inside backward), so only calls from
+        torch.distributed's Python functions outside backward are checked."""
+        if "cpu" in [d.type for d in self._device_types] or all(
+                isinstance(t, EmulatedTensor) and t._device_index != CPU for t in tensors) or \
+                torch._C._current_graph_task_id() != -1:
+            return
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") == __name__:
+            frame = frame.f_back
+        if frame is not None and frame.f_globals.get("__name__") == distributed_c10d.__name__:
+            raise RuntimeError("No backend type associated with device type cpu")
+
     def _collective(self, name: str, cost, call, inputs, outputs, nbytes: int, finish=None):
         """Run `call` on the CPU tensors through gloo, then charge `cost(nbytes)` from the agreed start. `finish`
         then completes the outputs (nccl_checks.reduction): after the one wait, since a gloo work may write its
         output again at each wait (reduce_scatter's)."""
         tensors = _flat(inputs) + _flat(outputs)
+        self._check_device_types(tensors)
         nccl_checks.check_tensors(tensors)
         device, stream = self._lane(tensors)
         start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
@@ -358,6 +376,7 @@ class EmulatedNCCL(dist.ProcessGroup):
 
     def _reduction(self, opts, tensors):
         """ProcessGroupNCCL's checks before a reduction changes anything (PREMUL_SUM scales inputs in place)."""
+        self._check_device_types(_flat(tensors))
         nccl_checks.check_tensors(_flat(tensors))
         return nccl_checks.reduction(opts, _flat(tensors), self.size())
 
@@ -542,6 +561,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int = 0):
         """Post the values and this rank's ready time; the sender's stream is busy for the transfer."""
         _needs_values("send", tensors)
+        self._check_device_types(tensors)
         nccl_checks.check_tensors(tensors, p2p=True)
         device, stream = self._lane(tensors)
         ready = self._ready_ns(tensors, device, stream)
@@ -555,6 +575,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def recv(self, tensors, src: int, tag: int = 0):
         _needs_values("recv", tensors)
+        self._check_device_types(tensors)
         nccl_checks.check_tensors(tensors, p2p=True)
         return _Recv(self, tensors, src, tag)
 

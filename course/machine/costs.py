@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.flop_counter import conv_flop_count, flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from course.machine.hardware import (CONV_NCHW_TRANSPOSE_PASSES, CONV_TENSOR_CORE_EFFICIENCY, GEMM_MMA_ROWS, GEMM_SKINNY_BELOW, GEMM_SKINNY_SPEED, GEMM_SPLIT_K_MIN, GEMM_TILE_STREAM_EFFICIENCY, GEMM_TILE_K_OVERHEAD, GEMM_TILES, HOST_GRAPH_LAUNCH_US, HOST_LAUNCH_OVERHEAD_US, HOST_MODULE_CALL_US, HOST_MODULE_OP_US, NVLINK2_BRICK_GBPS, NVLINK_P2P_COPY_EFFICIENCY, HOST_PIN_COPY_GBPS, HOST_VIEW_OP_US, NCCL_LAUNCH_US,
                              NCCL_RAMP_EXPONENT, NCCL_RAMP_FULL_S, STAGED_COPY_STALL_NS_PER_BYTE, GPU, Link, Machine)
@@ -20,11 +20,23 @@ HOST_VIEW_NS = round(HOST_VIEW_OP_US * 1000)
 HOST_MODULE_CALL_NS = round(HOST_MODULE_CALL_US * 1000)
 HOST_MODULE_OP_NS = round(HOST_MODULE_OP_US * 1000)
 
+def _heads_first(*tensors):
+    """The fused kernels' (batch, seq, heads, dim) tensors' shapes as (batch, heads, seq, dim)."""
+    return [(t.shape[0], t.shape[2], t.shape[1], t.shape[3]) for t in tensors]
+
+
 # torch's registry has no entry for the CPU flash-attention kernels, which are what SDPA dispatches to here.
 # They take (query, key, value, ...) and (grad_out, query, key, value, ...) in (batch, heads, seq, dim)
 # layout like the CUDA flash kernels, so the CUDA formulas apply unchanged.
 _FLOP_FORMULAS = {
     **flop_registry,
+    # torch's formulas for the flash and memory-efficient kernels called directly read their (batch, seq, heads, dim)
+    # dense inputs as (batch, heads, seq, dim) (flop_counter.py, _unpack_flash_attention_nested_shapes); the emulator
+    # refuses their variable-length form (course/cuda/fused_attention_ops.py).
+    **{op: lambda q, k, v, *args, **kwargs: sdpa_flop_count(*_heads_first(q, k, v))
+       for op in (aten._flash_attention_forward, aten._efficient_attention_forward)},
+    **{op: lambda grad, q, k, v, *args, **kwargs: sdpa_backward_flop_count(*_heads_first(grad, q, k, v))
+       for op in (aten._flash_attention_backward, aten._efficient_attention_backward)},
     aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention],
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         flop_registry[aten._scaled_dot_product_flash_attention_backward],

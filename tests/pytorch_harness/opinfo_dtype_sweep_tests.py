@@ -15,7 +15,7 @@ OTHERS = {"matmul", "softmax", "index_select", "where", "nn.functional.gelu"}
 VARIANTS = {"", "bilinear", "amax"}
 SELECTED = [op for op in op_db if op.name in FIXED | OTHERS and op.variant_test_name in VARIANTS]
 SAMPLES = 3
-# histc's integer dtypes run on CUDA, and on the CPU have no kernel: the emulator refuses them naming that.
+# histc's integer dtypes run on CUDA and have no CPU kernel to compare with (test_emulator_devices.py checks them).
 COMPARED = [op for op in SELECTED if op.name != "histc"]
 
 
