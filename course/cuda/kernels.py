@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, kernel_dtypes, quantized,
-                         sync_debug)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, graphs, host_only_ops, kernel_dtypes,
+                         quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import copy_into, read_scalar
@@ -74,7 +74,7 @@ class _OpInfo:
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host, a convolution
         # being traced, a compressed sparse tensor's layout.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default,
-                                torch.ops.aten.convolution.default, _LAYOUT)
+                                torch.ops.aten.convolution.default, _LAYOUT) or func in foreach_devices.PACKED_SCALARS
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
         self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
                                 or func is torch.ops.aten.index.Tensor)
@@ -299,6 +299,8 @@ def run_kernel(emu, func, args, kwargs):
     device, scratch, emulated = None, False, tensors
     for t in tensors:
         if type(t) is not EmulatedTensor or (device is not None and t._device_index != device):
+            if foreach_devices.reroutes(func, args):
+                return foreach_devices.run(func, args, kwargs)
             device, scratch = _common_device(func, tensors)
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
@@ -310,6 +312,8 @@ def run_kernel(emu, func, args, kwargs):
             return copy_into(args[0], args[1], non_blocking=kwargs.get("non_blocking", False))
         if func is torch.ops.aten._local_scalar_dense.default:
             return read_scalar(args[0])
+        if func in foreach_devices.PACKED_SCALARS:  # their scalars in a GPU tensor: refused as CUDA refuses them
+            return foreach_devices.run(func, args, kwargs)
         if func is _LAYOUT:  # asked only of compressed sparse tensors (devices.COMPRESSED_PARTS)
             return args[0]._inner.layout
         if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:

@@ -1,0 +1,113 @@
+"""Foreach ops whose tensor lists span devices, or whose scalars come packed in a host tensor, run as CUDA runs them.
+
+CUDA's multi-tensor kernels need every tensor on one device; when a list spans GPUs (or GPUs and the host), ATen
+takes its slow path (`can_use_fast_route` fails in ATen's ForeachUtils.h), which calls the per-tensor op for each
+index, so only the tensors at one index must share a device. test_foreach.py's `test_*_tensors_on_different_devices`
+expects exactly that. The emulator splits such a call by the device of each index and runs each part as one foreach
+op on its device, so a part's own device check still refuses what the per-tensor op would refuse.
+
+`_foreach_copy_(dst, src)` with a source on another device than its destination also takes the slow path: each
+index is one `copy_`, a transfer between devices (the emulator's copies time it on its link).
+
+`_foreach_addcmul/addcdiv(tensors, t1, t2, scalars)` with a 1-D tensor of scalars reads it on the host (ATen's
+`convert_tensor_to_scalar_list`): a CPU tensor joins any device's lists and a GPU one is refused. The emulator reads
+it the same way and runs the op's ScalarList form.
+"""
+from __future__ import annotations
+
+import torch
+
+from course.cuda.devices import CPU, EmulatedTensor
+
+
+PACKED_SCALARS = {getattr(getattr(torch.ops.aten, name), "Tensor") for name in
+                  ("_foreach_addcmul", "_foreach_addcmul_", "_foreach_addcdiv", "_foreach_addcdiv_")}
+
+
+def _index_device(tensor) -> int:
+    return tensor._device_index if isinstance(tensor, EmulatedTensor) else CPU
+
+
+def _tensor_list(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        t is None or isinstance(t, torch.Tensor) for t in value)
+
+
+def _first_list(args):
+    """The first tensor list (`self`; `exponent` of `_foreach_pow(scalar, tensors)`): its tensors set the devices."""
+    return next((a for a in args if _tensor_list(a)), None)
+
+
+def spans_devices(func, args) -> bool:
+    """Whether `func` is a foreach op whose first tensor list holds tensors of more than one device."""
+    if not func._schema.name.startswith("aten::_foreach_"):
+        return False
+    tensors = _first_list(args)
+    return tensors is not None and len({_index_device(t) for t in tensors if t is not None}) > 1
+
+
+def _part(value, positions, count):
+    """The part of one argument that goes with the tensors at `positions`: lists of one entry per index (tensor
+    lists, scalar lists: foreach schemas have no other lists) are cut."""
+    if isinstance(value, (list, tuple)) and len(value) == count:
+        return [value[p] for p in positions]
+    return value
+
+
+_COPY = torch.ops.aten._foreach_copy_.default
+
+
+def _copies_across(func, args) -> bool:
+    return func is _COPY and any(_index_device(d) != _index_device(s) for d, s in zip(args[0], args[1]))
+
+
+def reroutes(func, args) -> bool:
+    """Whether `run` takes this op rather than the dispatcher's one-device path."""
+    return func in PACKED_SCALARS or _copies_across(func, args) or spans_devices(func, args)
+
+
+def run(func, args, kwargs):
+    """A foreach op that `reroutes`: packed scalars read on the host, then one part per device."""
+    if func in PACKED_SCALARS:
+        return _with_scalar_list(func, *args, **kwargs)
+    if _copies_across(func, args):
+        non_blocking = (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        for destination, source in zip(args[0], args[1]):
+            destination.copy_(source, non_blocking=non_blocking)
+        return None
+    return _run_per_device(func, args, kwargs)
+
+
+def _with_scalar_list(func, tensors, tensor1, tensor2, scalars):
+    """The op's ScalarList form with the scalars read from their tensor, after ATen's checks of that tensor."""
+    if _index_device(scalars) != CPU:
+        raise RuntimeError(f"Expected scalars to be on CPU, got cuda:{scalars._device_index} instead.")
+    if not scalars.is_contiguous():
+        raise RuntimeError("Expected scalars to be contiguous.")
+    if scalars.dim() != 1:
+        raise RuntimeError(f"Expected packed scalar Tensor to be of dimension 1. Got {scalars.dim()} instead.")
+    if scalars.numel() != len(tensors):
+        raise RuntimeError(f"Expected length of scalars to match input of length {len(tensors)} but got "
+                           f"{scalars.numel()} instead.")
+    return func._overloadpacket.ScalarList(tensors, tensor1, tensor2, scalars.tolist())
+
+
+def _run_per_device(func, args, kwargs):
+    """Run a foreach op once per device of its first list's tensors and put the results back in index order."""
+    tensors = _first_list(args)
+    count = len(tensors)
+    by_device: dict[int, list[int]] = {}
+    for position, tensor in enumerate(tensors):
+        by_device.setdefault(_index_device(tensor), []).append(position)
+    results = None
+    for positions in by_device.values():
+        part_args = [_part(a, positions, count) for a in args]
+        part_kwargs = {k: _part(v, positions, count) for k, v in kwargs.items()}
+        out = func(*part_args, **part_kwargs)
+        if out is None:
+            continue
+        if results is None:
+            results = [None] * count
+        for position, tensor in zip(positions, out):
+            results[position] = tensor
+    return results
