@@ -460,7 +460,10 @@ def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     other = [torch.randn(3), torch.randn(2), torch.randn(4)]
     places = ["cuda:0", "cuda:1", "cpu"]
     on = [t.clone().to(d) for t, d in zip(host, places)]
+    launched = len(emu.trace)
     sums = torch._foreach_add(on, [t.to(d) for t, d in zip(other, places)], alpha=2)
+    kernels = [(e.name, e.device) for e in emu.trace[launched:] if e.kind == "kernel"]
+    assert kernels == [("aten::_foreach_add", "cuda:0"), ("aten::_foreach_add", "cuda:1")]  # one per GPU tensor
     norms = torch._foreach_norm(on)
     assert [s.device for s in sums] == [n.device for n in norms] == [torch.device(d) for d in places]
     for s, n, x, y in zip(sums, norms, host, other):

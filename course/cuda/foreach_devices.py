@@ -3,8 +3,8 @@
 CUDA's multi-tensor kernels need every tensor on one device; when a list spans GPUs (or GPUs and the host), ATen
 takes its slow path (`can_use_fast_route` fails in ATen's ForeachUtils.h), which calls the per-tensor op for each
 index, so only the tensors at one index must share a device. test_foreach.py's `test_*_tensors_on_different_devices`
-expects exactly that. The emulator splits such a call by the device of each index and runs each part as one foreach
-op on its device, so a part's own device check still refuses what the per-tensor op would refuse.
+expects exactly that. The emulator runs such a call index by index, each as the same foreach op over one tensor: one
+kernel each, as the slow path launches, and each index's own device check refuses what the per-tensor op refuses.
 
 `_foreach_copy_(dst, src)` with a source on another device than its destination also takes the slow path: each
 index is one `copy_`, a transfer between devices (the emulator's copies time it on its link).
@@ -38,7 +38,7 @@ def _first_list(args):
     return next((a for a in args if _tensor_list(a)), None)
 
 
-def spans_devices(func, args) -> bool:
+def _spans_devices(func, args) -> bool:
     """Whether `func` is a foreach op whose first tensor list holds tensors of more than one device."""
     if not func._schema.name.startswith("aten::_foreach_"):
         return False
@@ -46,11 +46,11 @@ def spans_devices(func, args) -> bool:
     return tensors is not None and len({_index_device(t) for t in tensors if t is not None}) > 1
 
 
-def _part(value, positions, count):
-    """The part of one argument that goes with the tensors at `positions`: lists of one entry per index (tensor
-    lists, scalar lists: foreach schemas have no other lists) are cut."""
+def _part(value, position, count):
+    """The part of one argument that goes with the tensors at `position`: a list of one entry per index (tensor
+    lists, scalar lists: foreach schemas have no other lists) gives that entry alone."""
     if isinstance(value, (list, tuple)) and len(value) == count:
-        return [value[p] for p in positions]
+        return [value[position]]
     return value
 
 
@@ -63,11 +63,11 @@ def _copies_across(func, args) -> bool:
 
 def reroutes(func, args) -> bool:
     """Whether `run` takes this op rather than the dispatcher's one-device path."""
-    return func in PACKED_SCALARS or _copies_across(func, args) or spans_devices(func, args)
+    return func in PACKED_SCALARS or _copies_across(func, args) or _spans_devices(func, args)
 
 
 def run(func, args, kwargs):
-    """A foreach op that `reroutes`: packed scalars read on the host, then one part per device."""
+    """A foreach op that `reroutes`: packed scalars read on the host, a copy or a list across devices index by index."""
     if func in PACKED_SCALARS:
         return _with_scalar_list(func, *args, **kwargs)
     if _copies_across(func, args):
@@ -75,7 +75,7 @@ def run(func, args, kwargs):
         for destination, source in zip(args[0], args[1]):
             destination.copy_(source, non_blocking=non_blocking)
         return None
-    return _run_per_device(func, args, kwargs)
+    return _run_per_index(func, args, kwargs)
 
 
 def _with_scalar_list(func, tensors, tensor1, tensor2, scalars):
@@ -92,22 +92,13 @@ def _with_scalar_list(func, tensors, tensor1, tensor2, scalars):
     return func._overloadpacket.ScalarList(tensors, tensor1, tensor2, scalars.tolist())
 
 
-def _run_per_device(func, args, kwargs):
-    """Run a foreach op once per device of its first list's tensors and put the results back in index order."""
-    tensors = _first_list(args)
-    count = len(tensors)
-    by_device: dict[int, list[int]] = {}
-    for position, tensor in enumerate(tensors):
-        by_device.setdefault(_index_device(tensor), []).append(position)
-    results = None
-    for positions in by_device.values():
-        part_args = [_part(a, positions, count) for a in args]
-        part_kwargs = {k: _part(v, positions, count) for k, v in kwargs.items()}
-        out = func(*part_args, **part_kwargs)
-        if out is None:
-            continue
-        if results is None:
-            results = [None] * count
-        for position, tensor in zip(positions, out):
-            results[position] = tensor
-    return results
+def _run_per_index(func, args, kwargs):
+    """Run a foreach op on each index's tensors alone; its results (none for in-place ops) in index order."""
+    count = len(_first_list(args))
+    results = []
+    for position in range(count):
+        out = func(*[_part(a, position, count) for a in args],
+                   **{k: _part(v, position, count) for k, v in kwargs.items()})
+        if out is not None:
+            results.extend(out)
+    return results or None
