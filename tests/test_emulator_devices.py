@@ -492,6 +492,19 @@ def test_foreach_copy_and_packed_scalars_cross_devices_as_on_a_gpu(emu):
         torch._foreach_addcmul(tensors, numerators, denominators, torch.tensor([0.5, 1.0], device="cuda:0"))
 
 
+def test_foreach_add_refuses_a_host_scalar_tensor_where_cudas_fused_kernel_takes_the_list(emu):
+    """test_foreach.py's test_0dim_tensor_overload_exception: `_foreach_add(gpu_tensors, host_scalar, alpha=...)`
+    is refused when CUDA's multi-tensor kernel takes the list, and runs on the slow path (a strided view) as there."""
+    tensors = [torch.ones(2, 2, device="cuda:1"), torch.ones(2, 2, device="cuda:1")]
+    with pytest.raises(RuntimeError, match="scalar tensor expected to be on cuda:1 but is on cpu"):
+        torch._foreach_add(tensors, torch.tensor(1.0), alpha=1.0)
+    sums = torch._foreach_add([t[:, :1] for t in tensors], torch.tensor(1.5), alpha=2.0)
+    assert [s.device.index for s in sums] == [1, 1] and [s.cpu().tolist() for s in sums] == [[[4.0], [4.0]]] * 2
+    assert torch._foreach_mul(tensors, torch.tensor(3.0))[0].cpu().tolist() == [[3.0, 3.0]] * 2  # mul reads it
+    with pytest.raises(RuntimeError, match="scalar tensor expected to be 0 dim but it has 1 dimensions and 2 elements"):
+        torch._foreach_mul([torch.ones(2), tensors[0]], torch.tensor([1.0, 1.0], device="cuda:1"))
+
+
 def test_invalid_device_ordinal(emu):
     with pytest.raises(torch.AcceleratorError, match="CUDA error: invalid device ordinal"):
         torch.zeros(1, device="cuda:4")

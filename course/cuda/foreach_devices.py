@@ -9,13 +9,20 @@ kernel each, as the slow path launches, and each index's own device check refuse
 `_foreach_copy_(dst, src)` with a source on another device than its destination also takes the slow path: each
 index is one `copy_`, a transfer between devices (the emulator's copies time it on its link).
 
+`_foreach_add(gpu_tensors, scalar)` reads its 0-dim scalar tensor on the GPU in CUDA's multi-tensor kernel, which
+refuses a host one ("scalar tensor expected to be on cuda:0 but is on cpu", ForeachBinaryOpScalarTensor.cu); only
+the slow path, for lists that kernel does not take, adds a host scalar (mul and div read a host one first instead).
+
 `_foreach_addcmul/addcdiv(tensors, t1, t2, scalars)` with a 1-D tensor of scalars reads it on the host (ATen's
 `convert_tensor_to_scalar_list`): a CPU tensor joins any device's lists and a GPU one is refused. The emulator reads
 it the same way and runs the op's ScalarList form.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
+from torch._prims_common import _is_non_overlapping_and_dense_or_false
 
 from course.cuda.devices import CPU, EmulatedTensor
 
@@ -55,6 +62,28 @@ def _part(value, position, count):
 
 
 _COPY = torch.ops.aten._foreach_copy_.default
+_ADD_TENSOR = {torch.ops.aten._foreach_add.Tensor, torch.ops.aten._foreach_add_.Tensor}
+
+
+def _data(tensor) -> torch.Tensor:
+    return tensor._inner if isinstance(tensor, EmulatedTensor) else tensor
+
+
+_slow_path = threading.local()  # set while a call runs index by index: its parts are the slow path's per-tensor ops
+
+
+def _adds_host_scalar(func, args) -> bool:
+    return (func in _ADD_TENSOR and bool(args[0]) and isinstance(args[1], torch.Tensor)
+            and _index_device(args[1]) == CPU and not getattr(_slow_path, "on", False))
+
+
+def _on_fast_route(tensors, scalar, alpha) -> bool:
+    """Whether CUDA's multi-tensor kernel takes `_foreach_add(tensors, scalar, alpha=alpha)` (ATen's
+    can_use_fast_route): dense tensors of one GPU and one dtype, the scalar's, that alpha does not promote."""
+    device, dtype = _index_device(tensors[0]), tensors[0].dtype
+    dense = all(_index_device(t) == device and t.dtype == dtype and t.layout == torch.strided
+                and _is_non_overlapping_and_dense_or_false(t.shape, _data(t).stride()) for t in tensors)
+    return device != CPU and scalar.dtype == dtype and dense and torch.result_type(_data(tensors[0]), alpha) == dtype
 
 
 def _copies_across(func, args) -> bool:
@@ -63,7 +92,8 @@ def _copies_across(func, args) -> bool:
 
 def reroutes(func, args) -> bool:
     """Whether `run` takes this op rather than the dispatcher's one-device path."""
-    return func in PACKED_SCALARS or _copies_across(func, args) or _spans_devices(func, args)
+    return (func in PACKED_SCALARS or _copies_across(func, args) or _adds_host_scalar(func, args)
+            or _spans_devices(func, args))
 
 
 def run(func, args, kwargs):
@@ -75,6 +105,8 @@ def run(func, args, kwargs):
         for destination, source in zip(args[0], args[1]):
             destination.copy_(source, non_blocking=non_blocking)
         return None
+    if _adds_host_scalar(func, args) and _on_fast_route(args[0], args[1], kwargs.get("alpha", 1)):
+        raise RuntimeError(f"scalar tensor expected to be on {args[0][0].device} but is on cpu")
     return _run_per_index(func, args, kwargs)
 
 
@@ -93,12 +125,22 @@ def _with_scalar_list(func, tensors, tensor1, tensor2, scalars):
 
 
 def _run_per_index(func, args, kwargs):
-    """Run a foreach op on each index's tensors alone; its results (none for in-place ops) in index order."""
+    """Run a foreach op on each index's tensors alone; its results (none for in-place ops) in index order. A scalar
+    tensor (`_foreach_mul(tensors, other)`) is checked first, as the slow path checks it."""
+    other = args[1] if len(args) > 1 else None
+    if isinstance(other, torch.Tensor) and func._schema.arguments[1].name == "other" and \
+            (other.dim(), other.numel()) != (0, 1):
+        raise RuntimeError(f"scalar tensor expected to be 0 dim but it has {other.dim()} dimensions and "
+                           f"{other.numel()} elements.")
     count = len(_first_list(args))
     results = []
-    for position in range(count):
-        out = func(*[_part(a, position, count) for a in args],
-                   **{k: _part(v, position, count) for k, v in kwargs.items()})
-        if out is not None:
-            results.extend(out)
+    _slow_path.on = True
+    try:
+        for position in range(count):
+            out = func(*[_part(a, position, count) for a in args],
+                       **{k: _part(v, position, count) for k, v in kwargs.items()})
+            if out is not None:
+                results.extend(out)
+    finally:
+        _slow_path.on = False
     return results or None

@@ -1,6 +1,7 @@
 """test_optim.py- and test_foreach.py-style checks over what the emulator's optimizer and foreach sweep fixed, and a
 sample of optim_db: foreach ops over tensor lists that span two GPUs and the host (CUDA's slow path runs them index
-by index), addcdiv's packed scalars (a host tensor is read, a GPU one refused), _foreach_copy_ across devices; every
+by index), addcdiv's packed scalars (a host tensor is read, a GPU one refused), _foreach_copy_ across devices, a host
+scalar tensor refused by _foreach_add's fused kernel and a 1-D one by every foreach op; every
 CUDA input of Adam and SGD (foreach, fused, capturable, tensor lr) with params on two GPUs against the CPU's for-loop,
 state on the param's GPU ('step' too when capturable or fused), and the state moved to another GPU by load_state_dict;
 GradScaler with a fused optimizer skipping the step an inf gradient lands in."""
@@ -66,6 +67,16 @@ class TestForeachAcrossDevices(TestCase):
         torch._foreach_copy_(destinations, [tensors[0], torch.ones(2)])
         self.assertEqual([d.device.index for d in destinations], [1, 0])
         self.assertEqual([d.cpu() for d in destinations], [torch.full((3,), 9.0), torch.ones(2)])
+
+    @onlyCUDA
+    def test_host_scalar_tensor_for_add_and_a_1d_scalar(self, device):
+        tensors = [torch.full((2, 2), 2.0, device=device) for _ in range(2)]
+        with self.assertRaisesRegex(RuntimeError, "scalar tensor expected to be on cuda:0 but is on cpu"):
+            torch._foreach_add(tensors, torch.tensor(1.0), alpha=3.0)
+        quarters = torch._foreach_div(tensors, torch.tensor(4.0))  # div and mul read a host scalar first
+        self.assertEqual([t.cpu() for t in quarters], [torch.full((2, 2), 0.5)] * 2)
+        with self.assertRaisesRegex(RuntimeError, "scalar tensor expected to be 0 dim but"):
+            torch._foreach_add([torch.ones(2), tensors[0]], torch.ones(3, device=device))
 
 
 class TestOptimOnTwoGPUs(TestCase):
