@@ -505,6 +505,22 @@ def test_foreach_add_refuses_a_host_scalar_tensor_where_cudas_fused_kernel_takes
         torch._foreach_mul([torch.ones(2), tensors[0]], torch.tensor([1.0, 1.0], device="cuda:1"))
 
 
+def test_foreach_optimizer_refuses_state_left_on_another_gpu_as_its_grouping_does(emu):
+    """A model moved to cuda:1 after its optimizer stepped on cuda:0 keeps its state there: PyTorch's grouping before
+    the foreach kernels refuses it (C++ saw every emulated tensor as a CPU one and let it through)."""
+    model = nn.Linear(3, 2).to("cuda:0")
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    model(torch.ones(1, 3, device="cuda:0")).sum().backward()
+    optimizer.step()
+    model.to("cuda:1")
+    model(torch.ones(1, 3, device="cuda:1")).sum().backward()
+    with pytest.raises(RuntimeError, match="Tensors of the same index must be on the same device and the same dtype"):
+        optimizer.step()
+    grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
+        [[torch.ones(2, device="cuda:1")], [torch.tensor(3.0)]])  # a host float `step` may join a GPU's group
+    assert list(grouped) == [(torch.device("cuda:1"), torch.float32)]
+
+
 def test_invalid_device_ordinal(emu):
     with pytest.raises(torch.AcceleratorError, match="CUDA error: invalid device ordinal"):
         torch.zeros(1, device="cuda:4")

@@ -36,10 +36,33 @@ def group_tensors_by_device_and_dtype(tensorlistlist, with_indices=False):
         for position, tensor in enumerate(lists[0]):
             by_device.setdefault(tensor.device, []).append(position)
         for real_device, positions in by_device.items():
-            grouped[(real_device, dtype)] = (
-                [[tensors[p] for p in positions] if tensors else tensors for tensors in lists],
-                [indices[p] for p in positions] if indices else indices)
+            parts = [[tensors[p] for p in positions] if tensors else tensors for tensors in lists]
+            _check_same_index_devices(real_device, parts[1:])
+            grouped[(real_device, dtype)] = (parts, [indices[p] for p in positions] if indices else indices)
     return grouped
+
+
+_HOST_STEP_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_same_index_devices(device: torch.device, lists) -> None:
+    """The grouping's device rule, which C++ checks on the CPU device each EmulatedTensor has inside: a tensor must be
+    on its index's first-list device, or be a host float32/float64 tensor (an optimizer's `step`). A state left on
+    another GPU (a model moved after its optimizer stepped) is refused with C++'s message."""
+    index = device.index if device.type == "cuda" else CPU
+    for tensors in lists:
+        for t in tensors:
+            if t is None:
+                continue
+            if isinstance(t, EmulatedTensor):
+                where = t._device_index
+            else:  # a host tensor, or a wrapper subclass holding GPU shards (FSDP2's DTensor parameters)
+                where = t.device.index if t.device.type == "cuda" else CPU
+            if where != index and not (where == CPU and t.dtype in _HOST_STEP_DTYPES):
+                raise RuntimeError(
+                    "Tensors of the same index must be on the same device and the same dtype except `step` tensors "
+                    "that can be CPU and float32/64, and optimizer states that can be bfloat16 for mixed-precision "
+                    "training")
 
 
 class _OpInfo:
