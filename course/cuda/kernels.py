@@ -52,11 +52,18 @@ def _check_same_index_devices(device: torch.device, lists) -> None:
     index = device.index if device.type == "cuda" else CPU
     for tensors in lists:
         for t in tensors:
-            if t is None:
-                continue
-            if isinstance(t, EmulatedTensor):
+            if type(t) is EmulatedTensor:  # the usual case, checked first: every optimizer step groups its state
+                if t._device_index == index:
+                    continue
                 where = t._device_index
-            else:  # a host tensor, or a wrapper subclass holding GPU shards (FSDP2's DTensor parameters)
+            elif t is None:
+                continue
+            elif type(t) is torch.Tensor:  # a host tensor (the `step`s): its dtype read below the torch-function modes
+                with _no_torch_function():
+                    if index == CPU or t.dtype in _HOST_STEP_DTYPES:
+                        continue
+                where = CPU
+            else:  # a wrapper subclass holding GPU shards (FSDP2's DTensor parameters)
                 where = t.device.index if t.device.type == "cuda" else CPU
             if where != index and not (where == CPU and t.dtype in _HOST_STEP_DTYPES):
                 raise RuntimeError(
