@@ -612,6 +612,74 @@ def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     torch.testing.assert_close(other.cpu(), torch.full((3,), 5.0))
 
 
+def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
+    """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
+    torch.manual_seed(0)
+    host = [torch.randn(3), torch.randn(2), torch.randn(4)]
+    other = [torch.randn(3), torch.randn(2), torch.randn(4)]
+    places = ["cuda:0", "cuda:1", "cpu"]
+    on = [t.clone().to(d) for t, d in zip(host, places)]
+    launched = len(emu.trace)
+    sums = torch._foreach_add(on, [t.to(d) for t, d in zip(other, places)], alpha=2)
+    kernels = [(e.name, e.device) for e in emu.trace[launched:] if e.kind == "kernel"]
+    assert kernels == [("aten::_foreach_add", "cuda:0"), ("aten::_foreach_add", "cuda:1")]  # one per GPU tensor
+    norms = torch._foreach_norm(on)
+    assert [s.device for s in sums] == [n.device for n in norms] == [torch.device(d) for d in places]
+    for s, n, x, y in zip(sums, norms, host, other):
+        torch.testing.assert_close(s.cpu(), x + 2 * y, rtol=0, atol=0)
+        torch.testing.assert_close(n.cpu(), torch.linalg.vector_norm(x), rtol=0, atol=0)
+    torch._foreach_mul_(on, [1.0, 2.0, 3.0])
+    for t, x, k in zip(on, host, [1.0, 2.0, 3.0]):
+        torch.testing.assert_close(t.cpu(), x * k, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch._foreach_add(on[:2], [on[1], on[0]])  # the tensors of one index must share a device, as per-tensor
+
+
+def test_foreach_copy_and_packed_scalars_cross_devices_as_on_a_gpu(emu):
+    """`_foreach_copy_` from another device copies index by index; addcdiv's scalars tensor is read on the host and
+    refused on a GPU ("Expected scalars to be on CPU"), as ATen's convert_tensor_to_scalar_list does."""
+    destinations = [torch.zeros(3, device="cuda:0"), torch.zeros(2, device="cuda:1")]
+    torch._foreach_copy_(destinations, [torch.ones(3), torch.full((2,), 2.0, device="cuda:0")])
+    assert [d.device.index for d in destinations] == [0, 1]
+    assert [d.cpu().tolist() for d in destinations] == [[1.0] * 3, [2.0] * 2]
+    tensors = [torch.ones(3, device="cuda:0"), torch.ones(2, device="cuda:0")]
+    numerators = [torch.full((3,), 4.0, device="cuda:0"), torch.full((2,), 4.0, device="cuda:0")]
+    denominators = [torch.full((3,), 2.0, device="cuda:0"), torch.full((2,), 8.0, device="cuda:0")]
+    torch._foreach_addcdiv_(tensors, numerators, denominators, torch.tensor([0.5, -2.0]))
+    assert [t.cpu().tolist() for t in tensors] == [[2.0] * 3, [0.0] * 2]
+    with pytest.raises(RuntimeError, match="Expected scalars to be on CPU, got cuda:0 instead."):
+        torch._foreach_addcmul(tensors, numerators, denominators, torch.tensor([0.5, 1.0], device="cuda:0"))
+
+
+def test_foreach_add_refuses_a_host_scalar_tensor_where_cudas_fused_kernel_takes_the_list(emu):
+    """test_foreach.py's test_0dim_tensor_overload_exception: `_foreach_add(gpu_tensors, host_scalar, alpha=...)`
+    is refused when CUDA's multi-tensor kernel takes the list, and runs on the slow path (a strided view) as there."""
+    tensors = [torch.ones(2, 2, device="cuda:1"), torch.ones(2, 2, device="cuda:1")]
+    with pytest.raises(RuntimeError, match="scalar tensor expected to be on cuda:1 but is on cpu"):
+        torch._foreach_add(tensors, torch.tensor(1.0), alpha=1.0)
+    sums = torch._foreach_add([t[:, :1] for t in tensors], torch.tensor(1.5), alpha=2.0)
+    assert [s.device.index for s in sums] == [1, 1] and [s.cpu().tolist() for s in sums] == [[[4.0], [4.0]]] * 2
+    assert torch._foreach_mul(tensors, torch.tensor(3.0))[0].cpu().tolist() == [[3.0, 3.0]] * 2  # mul reads it
+    with pytest.raises(RuntimeError, match="scalar tensor expected to be 0 dim but it has 1 dimensions and 2 elements"):
+        torch._foreach_mul([torch.ones(2), tensors[0]], torch.tensor([1.0, 1.0], device="cuda:1"))
+
+
+def test_foreach_optimizer_refuses_state_left_on_another_gpu_as_its_grouping_does(emu):
+    """A model moved to cuda:1 after its optimizer stepped on cuda:0 keeps its state there: PyTorch's grouping before
+    the foreach kernels refuses it (C++ saw every emulated tensor as a CPU one and let it through)."""
+    model = nn.Linear(3, 2).to("cuda:0")
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    model(torch.ones(1, 3, device="cuda:0")).sum().backward()
+    optimizer.step()
+    model.to("cuda:1")
+    model(torch.ones(1, 3, device="cuda:1")).sum().backward()
+    with pytest.raises(RuntimeError, match="Tensors of the same index must be on the same device and the same dtype"):
+        optimizer.step()
+    grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
+        [[torch.ones(2, device="cuda:1")], [torch.tensor(3.0)]])  # a host float `step` may join a GPU's group
+    assert list(grouped) == [(torch.device("cuda:1"), torch.float32)]
+
+
 def test_invalid_device_ordinal(emu):
     with pytest.raises(torch.AcceleratorError, match="CUDA error: invalid device ordinal"):
         torch.zeros(1, device="cuda:4")

@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, graphs, host_only_ops, kernel_dtypes, quantized,
-                         sync_debug)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, graphs, host_only_ops, kernel_dtypes,
+                         quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, moving_to_host, read_scalar
@@ -36,10 +36,40 @@ def group_tensors_by_device_and_dtype(tensorlistlist, with_indices=False):
         for position, tensor in enumerate(lists[0]):
             by_device.setdefault(tensor.device, []).append(position)
         for real_device, positions in by_device.items():
-            grouped[(real_device, dtype)] = (
-                [[tensors[p] for p in positions] if tensors else tensors for tensors in lists],
-                [indices[p] for p in positions] if indices else indices)
+            parts = [[tensors[p] for p in positions] if tensors else tensors for tensors in lists]
+            _check_same_index_devices(real_device, parts[1:])
+            grouped[(real_device, dtype)] = (parts, [indices[p] for p in positions] if indices else indices)
     return grouped
+
+
+_HOST_STEP_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_same_index_devices(device: torch.device, lists) -> None:
+    """The grouping's device rule, which C++ checks on the CPU device each EmulatedTensor has inside: a tensor must be
+    on its index's first-list device, or be a host float32/float64 tensor (an optimizer's `step`). A state left on
+    another GPU (a model moved after its optimizer stepped) is refused with C++'s message."""
+    index = device.index if device.type == "cuda" else CPU
+    for tensors in lists:
+        for t in tensors:
+            if type(t) is EmulatedTensor:  # the usual case, checked first: every optimizer step groups its state
+                if t._device_index == index:
+                    continue
+                where = t._device_index
+            elif t is None:
+                continue
+            elif type(t) is torch.Tensor:  # a host tensor (the `step`s): its dtype read below the torch-function modes
+                with _no_torch_function():
+                    if index == CPU or t.dtype in _HOST_STEP_DTYPES:
+                        continue
+                where = CPU
+            else:  # a wrapper subclass holding GPU shards (FSDP2's DTensor parameters)
+                where = t.device.index if t.device.type == "cuda" else CPU
+            if where != index and not (where == CPU and t.dtype in _HOST_STEP_DTYPES):
+                raise RuntimeError(
+                    "Tensors of the same index must be on the same device and the same dtype except `step` tensors "
+                    "that can be CPU and float32/64, and optimizer states that can be bfloat16 for mixed-precision "
+                    "training")
 
 
 class _OpInfo:
@@ -74,7 +104,8 @@ class _OpInfo:
         # Ops that may leave the kernel path: a copy between devices, a read of a value by the host, a convolution
         # being traced, a compressed sparse tensor's layout.
         self.special = func in (torch.ops.aten.copy_.default, torch.ops.aten._local_scalar_dense.default,
-                                torch.ops.aten.convolution.default, _LAYOUT, _TO_COPY)
+                                torch.ops.aten.convolution.default, _LAYOUT, _TO_COPY) or \
+            func in foreach_devices.PACKED_SCALARS
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
         self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
                                 or func is torch.ops.aten.index.Tensor)
@@ -300,6 +331,8 @@ def run_kernel(emu, func, args, kwargs):
     device, scratch, emulated = None, False, tensors
     for t in tensors:
         if type(t) is not EmulatedTensor or (device is not None and t._device_index != device):
+            if foreach_devices.reroutes(func, args):
+                return foreach_devices.run(func, args, kwargs)
             device, scratch = _common_device(func, tensors)
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
@@ -316,6 +349,8 @@ def run_kernel(emu, func, args, kwargs):
             if target is not None:
                 return _to_copy_across(emu, args[0], target, kwargs)
             un_kwargs = {k: v for k, v in un_kwargs.items() if k != "device"}  # where it is: the host's kernel
+        if func in foreach_devices.PACKED_SCALARS:  # their scalars in a GPU tensor: refused as CUDA refuses them
+            return foreach_devices.run(func, args, kwargs)
         if func is _LAYOUT:  # asked only of compressed sparse tensors (devices.COMPRESSED_PARTS)
             return args[0]._inner.layout
         if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:
