@@ -120,6 +120,33 @@ def test_parallel_apply_workers_run_inside_the_emulator():
         torch.testing.assert_close(out.cpu(), torch.ones(6, 2))
 
 
+class DropsOut(nn.Module):
+    """A replica whose forward draws (dropout and torch.rand on its device) in its worker thread."""
+
+    def forward(self, x):
+        return nn.functional.dropout(x, 0.5) + torch.rand(x.shape, device=x.device)
+
+
+def test_data_parallel_replicas_draw_reproducibly_each_from_a_copy_of_the_seeded_state():
+    """Seeded dropout under DataParallel gives the same numbers every run (the replica threads drew from one shared
+    generator in racy turn): each replica draws what one device seeded alike draws, and the caller's generator then
+    stands where replica 0's ended."""
+    runs = []
+    for _ in range(3):
+        with course.emulate(gpus=4):
+            torch.manual_seed(0)
+            out = nn.DataParallel(DropsOut())(torch.ones(8, 5, device="cuda:0")).cpu()
+            runs.append((out, torch.rand(3)))
+    torch.manual_seed(0)
+    one_replica = DropsOut()(torch.ones(2, 5))
+    after_replica = torch.rand(3)
+    for out, after in runs:
+        torch.testing.assert_close(out, runs[0][0], rtol=0, atol=0)
+        for chunk in out.chunk(4):
+            torch.testing.assert_close(chunk, one_replica, rtol=0, atol=0)
+        torch.testing.assert_close(after, after_replica, rtol=0, atol=0)
+
+
 def test_data_parallel_over_missing_devices_is_refused():
     with course.emulate(gpus=2):
         with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):

@@ -12,6 +12,7 @@ from torch.distributed.fsdp import fully_shard
 
 import course
 from course.cuda import fsdp2
+from course.cuda.cuda_bindings import NotModelledError
 
 def _mlp():
     torch.manual_seed(3)  # each rank thread seeds its own generator (course/cuda/rank_rng.py)
@@ -443,3 +444,43 @@ def test_dtensor_random_ops_give_each_shard_its_part_of_the_one_device_draw():
         assert draws.keys() == one_device.keys()
         for name, value in draws.items():
             assert torch.equal(value, one_device[name]), name
+
+
+def _dtensor_attention(rank, world_size):
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g).cuda() for _ in range(3))
+    qd, kd, vd = (distribute_tensor(t, mesh, [Shard(1)]).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+    out.full_tensor().square().sum().backward()
+    sequence = [distribute_tensor(t, mesh, [Shard(2)]) for t in (q, k, v)]
+    try:
+        F.scaled_dot_product_attention(*sequence, is_causal=True)
+        refusal = None
+    except NotModelledError as error:
+        refusal = str(error)
+    return (out.placements, out.to_local().device, out.full_tensor().cpu(), qd.grad.full_tensor().cpu(),
+            vd.grad.full_tensor().cpu(), refusal)
+
+
+def test_sdpa_on_head_sharded_dtensors_attends_per_shard_and_a_sharded_sequence_is_refused_by_name():
+    """As CUDA's flash / memory-efficient sharding rules do, heads sharded over GPUs attend locally (the CPU kernel
+    the emulator runs has no DTensor rule: every DTensor SDPA stopped); a sequence-sharded query is refused by name."""
+    from torch.distributed.tensor import Shard
+
+    with course.emulate(gpus=2):
+        results = course.run_threads(_dtensor_attention, 2, backend="nccl")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g).requires_grad_() for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.square().sum().backward()
+    for rank, (placements, device, out, q_grad, v_grad, refusal) in enumerate(results):
+        assert placements == (Shard(1),) and device == torch.device("cuda", rank)
+        torch.testing.assert_close(out, ref.detach())
+        torch.testing.assert_close(q_grad, q.grad)
+        torch.testing.assert_close(v_grad, v.grad)
+        assert "not modelled" in refusal and "Shard(dim=2)" in refusal

@@ -8,6 +8,8 @@ costed with FlopCounterMode's flash-attention formula and the bytes of q, k, v a
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
 from torch._higher_order_ops.flex_attention import flex_attention_backward as flex_attention_backward_hop
@@ -19,6 +21,9 @@ from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator
 
 aten = torch.ops.aten
+# PyTorch's own SDPA, kept before anything replaces the module attribute: context parallelism swaps in a wrapper
+# that makes DTensors and calls this, so calling the attribute again from inside would wrap them twice
+_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
 def _fused_kernels_enabled() -> bool:
@@ -36,10 +41,38 @@ def scaled_dot_product_attention(*args, **kwargs):
     """`F.scaled_dot_product_attention` on the emulator. Its tensor calls name no device, so they need none of the
     emulator's routing: they skip its torch-function layer (a Python call each, in every attention layer's call).
     A jagged nested query keeps it: its own torch function is its SDPA (torch/nested/_internal/sdpa.py)."""
-    if isinstance(args[0] if args else kwargs.get("query"), NestedTensor):
+    query = args[0] if args else kwargs.get("query")
+    if isinstance(query, NestedTensor):
         return _jagged_attention(*args, **kwargs)
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)  # imported by DTensor programs
+    if dtensor is not None and isinstance(query, dtensor) and _on_emulated_gpu(query._local_tensor):
+        return _dtensor_attention(*args, **kwargs)
     with torch._C.DisableTorchFunctionSubclass():
         return _scaled_dot_product_attention(*args, **kwargs)
+
+
+def _dtensor_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False):
+    """SDPA on DTensors over emulated GPUs, as CUDA's flash and memory-efficient sharding rules run it with batch or
+    heads sharded (torch/distributed/tensor/_ops/_matrix_ops.py): each rank attends over its own shard, with no
+    communication, and the output has the query's placements. The CPU kernel the emulator runs has no such rule.
+    Other layouts (a sharded sequence, as context parallelism's ring attention makes, Partial, a mask or dropout)
+    are refused by name."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    placements, mesh = query.placements, query.device_mesh
+    local = all(isinstance(t, DTensor) and t.placements == placements and t.device_mesh == mesh
+                for t in (key, value)) and all(p in (Replicate(), Shard(0), Shard(1)) for p in placements)
+    if not local or attn_mask is not None or dropout_p:
+        raise not_modelled(f"F.scaled_dot_product_attention on DTensors placed {tuple(placements)} over emulated "
+                           "GPUs (sharded sequences, as context parallelism's ring attention makes, Partial, or with "
+                           "a mask or dropout)", "shard batch (Shard(0)) or heads (Shard(1)) with no mask or dropout, "
+                           "attend over local tensors, or run this part on a real GPU")
+    out = scaled_dot_product_attention(query.to_local(), key.to_local(), value.to_local(), is_causal=is_causal,
+                                       scale=scale, enable_gqa=enable_gqa)
+    shape = (*query.shape[:-1], value.shape[-1])
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
 def _jagged_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -52,7 +85,7 @@ def _jagged_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     attention is that math, so the values are the same; it is timed as one fused kernel per sequence, not one in all.
     Masks, dropout, grouped-query heads and sequences with holes (`lengths`) take PyTorch's path (and its error on
     an emulated GPU)."""
-    plain = torch.nn.functional.scaled_dot_product_attention
+    plain = _SDPA
     jagged = (query, key, value)
     if not (all(isinstance(t, NestedTensor) and t._lengths is None and t._ragged_idx == 2 for t in jagged)
             and _on_emulated_gpu(*(t._values for t in jagged)) and query.dim() == 4 and attn_mask is None
@@ -88,7 +121,7 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
                                                                                 -float("inf"))
     fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
     if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
-        return torch.nn.functional.scaled_dot_product_attention(
+        return _SDPA(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=enable_gqa)
     # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none

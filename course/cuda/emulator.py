@@ -23,7 +23,8 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
                          devices, environment, fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls,
-                         nccl, nested_fastpath, profiling, rank_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
+                         nccl, nested_fastpath, profiling, rank_rng, replica_rng, rpc, storages, subclasses, threaded_pg,
+                         wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -153,6 +154,8 @@ class Emulator:
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
         self._patch(torch.nn.parallel._functions.Scatter, collectives.SCATTER_PATCHES)
+        for target, replacements in replica_rng.PATCHES:  # DataParallel's replicas each on their own generator
+            self._patch(target, replacements)
         # Every thread the program starts while the emulator runs runs inside it too (modes are per thread):
         # parallel_apply's workers, the DataLoader's pin-memory thread, run_threads' ranks.
         self._patch(threading.Thread, THREAD_PATCHES)

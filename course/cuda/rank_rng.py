@@ -186,10 +186,24 @@ def rank_thread(state: types.SimpleNamespace):
                 _remove_stand_ins()
 
 
+@contextlib.contextmanager
+def states_for_new_threads(states: list[types.SimpleNamespace]):
+    """The threads the calling thread starts in the body run on `states` (from `fork`), one each, in order
+    (DataParallel's replicas, course/cuda/replica_rng.py)."""
+    _local.queued = list(states)
+    try:
+        yield
+    finally:
+        _local.queued = None
+
+
 def for_new_thread() -> types.SimpleNamespace | None:
-    """The random state a thread being started now should run with: its starter's, if that is a rank; a fork of the
-    process's if PyTorch's threaded world is installed (the starter is starting ranks, as MultiThreadedTestCase
-    does); else None (an ordinary thread, on the process's generators)."""
+    """The random state a thread being started now should run with: the next one `states_for_new_threads` gave; its
+    starter's, if that is a rank; a fork of the process's if PyTorch's threaded world is installed (the starter is
+    starting ranks, as MultiThreadedTestCase does); else None (an ordinary thread, on the process's generators)."""
+    queued = getattr(_local, "queued", None)
+    if queued:
+        return queued.pop(0)
     if current() is not None:
         return _local.state
     module = sys.modules.get(THREADED_PG)
