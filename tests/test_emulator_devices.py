@@ -674,6 +674,44 @@ def test_seed_000_sharded_matmul_runs_unchanged():
         torch.testing.assert_close(torch.cat([a.grad.cpu() for a in A]), A_cpu.grad)
 
 
+def _lazy_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))
+
+
+def _lazy_run(net, device):
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)).to(device)
+    torch.manual_seed(2)
+    out = net(x)
+    out.sum().backward()
+    return out.detach().cpu(), [p.grad.cpu() for p in net.parameters()], {k: v.cpu() for k, v in net.state_dict().items()}
+
+
+def test_lazy_modules_move_and_materialize_on_gpus_as_on_the_cpu(emu):
+    """A lazy module moved before its first forward (`.to("cuda:1")`, `.cuda()`, factory `device="cuda"`) keeps
+    uninitialized parameters on the GPU, and its first forward materializes them there, with plain CPU torch's values
+    and gradients. `.to()` read the uninitialized parameter's size (a ValueError), a factory-made one materialized into
+    a class without the emulator's dispatch (an internal assert), and the forced module swap made `.double()` of a CPU
+    lazy module empty initialized parameters."""
+    emu.stop()
+    want = _lazy_run(_lazy_net(), "cpu")
+    emu.start()
+    for net, device in ((_lazy_net().to("cuda:1"), "cuda:1"), (_lazy_net().cuda(), "cuda:0")):
+        assert all(isinstance(p, nn.UninitializedParameter) for p in net.parameters())
+        assert {p.device for p in (*net.parameters(), *net.buffers())} == {torch.device(device)}
+        got = _lazy_run(net, device)
+        assert not any(nn.parameter.is_lazy(p) for p in net.parameters())
+        assert all(isinstance(p, nn.Parameter) and p.device == torch.device(device) for p in net.parameters())
+        torch.testing.assert_close(got, want)
+    factory = nn.LazyLinear(3, device="cuda", dtype=torch.float64)
+    assert nn.parameter.is_lazy(factory.weight) and factory.weight.device.type == "cuda"
+    out = factory(torch.ones(2, 4, device="cuda", dtype=torch.float64))
+    assert out.device.type == "cuda" and out.dtype == torch.float64 and factory.weight.shape == (3, 4)
+    assert isinstance(factory.weight, nn.Parameter) and any(p is factory.weight for p in factory.parameters())
+    host = nn.LazyLinear(3).double()
+    assert nn.parameter.is_lazy(host.weight) and host(torch.ones(2, 4, dtype=torch.float64)).shape == (2, 3)
+
+
 def test_models_converted_in_threads_at_once_leave_module_swapping_off():
     """Rank threads convert their models at the same time; the swap flag `.to()` turns on must be off after all."""
     def convert():

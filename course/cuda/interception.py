@@ -331,6 +331,8 @@ def _set_data(self, new):
     CPU) stays an emulated tensor, on the host. The other way the Python class would have to change: not modelled."""
     if isinstance(self, EmulatedTensor) and type(new) is torch.Tensor and new.device.type == "cpu":
         new = wrap(new, CPU, None)
+    if isinstance(new, EmulatedTensor) and not isinstance(self, EmulatedTensor) and torch.nn.parameter.is_lazy(self):
+        return _take_gpu_tensor(self, new)
     if isinstance(new, EmulatedTensor) and type(self) in (torch.Tensor, torch.nn.Parameter) and self.is_leaf \
             and self.grad is None:
         return _take_gpu_tensor(self, new)
@@ -352,7 +354,9 @@ def _take_gpu_tensor(host, gpu):
     moved = gpu.detach().requires_grad_(host.requires_grad)
     if type(host) is torch.nn.Parameter:
         moved._is_param = True
-    if host.requires_grad:
+    if torch.nn.parameter.is_lazy(gpu):
+        moved.__class__ = type(gpu)  # stays uninitialized, for the lazy module to materialize
+    if host.requires_grad and not torch.nn.parameter.is_lazy(host):  # a lazy one is in no graph
         torch.autograd.graph.get_gradient_edge(host).node.register_prehook(_moved_to_gpu_hook)
     for name in ("__class__", "__dict__"):
         held = getattr(host, name)

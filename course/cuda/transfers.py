@@ -11,7 +11,7 @@ import weakref
 import torch
 from torch.nested._internal.nested_tensor import NestedTensor
 
-from course.cuda import devices, nested_jagged, sync_debug
+from course.cuda import devices, nested_jagged, subclasses, sync_debug
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name, wait_for, wrap
 from course.machine import costs, topology
@@ -211,6 +211,8 @@ def move(tensor: torch.Tensor, dst: int, non_blocking: bool = False) -> torch.Te
     """`tensor.to(device)`: the same tensor if it is already there, else a copy autograd can see through."""
     if device_of(tensor) == dst:
         return tensor
+    if torch.nn.parameter.is_lazy(tensor):  # a lazy module's parameter or buffer: no values, made anew on dst
+        return subclasses.uninitialized_like(tensor, _raw_move(torch.empty(0, dtype=tensor.dtype), dst, False))
     if isinstance(tensor, NestedTensor):
         return nested_jagged.move(tensor, dst, non_blocking, _raw_move, device_of(tensor))
     if tensor.is_nested:
