@@ -260,6 +260,8 @@ def _tolist(self):
 
 
 def _new_tensor(self, data, **kwargs):
+    if holds_gpu_tensors(data):  # `x.new_tensor([gpu_loss_a, gpu_loss_b])`: C++ would read the GPU scalars in place
+        data = on_host(data)
     if isinstance(self, EmulatedTensor) and kwargs.get("device") is None:
         kwargs["device"] = self.device
     kwargs.setdefault("dtype", self.dtype)
