@@ -674,6 +674,31 @@ def test_seed_000_sharded_matmul_runs_unchanged():
         torch.testing.assert_close(torch.cat([a.grad.cpu() for a in A]), A_cpu.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+def test_convolutions_return_the_memory_format_cudnn_gives(emu, dtype):
+    """cuDNN runs a channels-last image or weight channels-last, forward and backward, except in double precision,
+    where its NHWC path is off (ConvUtils.h, `cudnn_conv_suggest_memory_format`): a float64 conv of channels-last
+    tensors returns channels-first results on a GPU (test_modules' test_memory_format expects that failure on cuda for
+    Conv2d float64), where the CPU kernels returned channels-last. The values stay the CPU's."""
+    for make, shape, layout in ((nn.Conv2d, (2, 3, 6, 6), torch.channels_last),
+                                (nn.ConvTranspose2d, (2, 3, 6, 6), torch.channels_last),
+                                (nn.Conv3d, (2, 3, 4, 4, 4), torch.channels_last_3d)):
+        torch.manual_seed(0)
+        host = make(3, 4, 3).to(dtype).to(memory_format=layout)
+        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=layout)
+        want = host(x), torch.autograd.grad(host(x.requires_grad_()).abs().sum(), (x, host.weight))
+        gpu = copy.deepcopy(host).cuda()
+        xg = x.detach().cuda().contiguous(memory_format=layout).requires_grad_()
+        out = gpu(xg)
+        grads = torch.autograd.grad(gpu(xg).abs().sum(), (xg, gpu.weight))
+        double = dtype in (torch.float64, torch.complex128)
+        for got in (out, *grads):
+            assert got.is_contiguous(memory_format=layout) != double and got.is_contiguous() == double
+        torch.testing.assert_close((out.cpu(), [g.cpu() for g in grads]), (want[0], list(want[1])))
+        plain = gpu.to(memory_format=torch.contiguous_format)(xg.detach().contiguous())
+        assert plain.is_contiguous()
+
+
 def _lazy_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))
