@@ -699,6 +699,30 @@ def test_convolutions_return_the_memory_format_cudnn_gives(emu, dtype):
         assert plain.is_contiguous()
 
 
+def test_rnns_refuse_what_cudnn_refuses(emu):
+    """cuDNN's RNN (which a GPU runs for float16/32/64 with cuDNN on) refuses a non-contiguous hidden state and a
+    backward through an RNN run in eval mode; the CPU's RNN, which computes here, ran both. With cuDNN switched off,
+    or in training mode, the values and gradients are the CPU's."""
+    torch.manual_seed(0)
+    host = nn.GRU(4, 3, num_layers=2, bidirectional=True)
+    x, h = torch.randn(5, 2, 4), torch.randn(2, 4, 3).transpose(0, 1)
+    gpu = copy.deepcopy(host).cuda()
+    with pytest.raises(RuntimeError, match="rnn: hx is not contiguous"):
+        gpu(x.cuda(), h.cuda())
+    with torch.backends.cudnn.flags(enabled=False):
+        torch.testing.assert_close(gpu(x.cuda(), h.cuda())[0].cpu(), host(x, h)[0])
+    lstm = nn.LSTM(4, 3)
+    on_gpu = copy.deepcopy(lstm).cuda()
+    with pytest.raises(RuntimeError, match="cudnn RNN backward can only be called in training mode"):
+        on_gpu.eval()(x.cuda())[0].sum().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(on_gpu(x.cuda())[0].cpu(), lstm.eval()(x)[0])
+    lstm.train()(x)[0].sum().backward()
+    on_gpu.zero_grad()
+    on_gpu.train()(x.cuda())[0].sum().backward()
+    torch.testing.assert_close([p.grad.cpu() for p in on_gpu.parameters()], [p.grad for p in lstm.parameters()])
+
+
 def _lazy_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))

@@ -13,7 +13,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention, graph_moves, inner_factories, packed_sequences, storages, subclasses
+from course.cuda import attention, cudnn_rnn, graph_moves, inner_factories, packed_sequences, storages, subclasses
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import copy_into, copy_with_grad, device_of, is_pinned, move, pin, to_host_copy
@@ -504,6 +504,7 @@ _HANDLERS = {
 
 
 _HANDLERS.update(inner_factories.handlers(lambda: EmulatorMode()))
+_HANDLERS.update(cudnn_rnn.handlers())
 _HANDLERS.update(graph_moves.handlers(_to, _type_as))
 attention.register_eager_flex_attention(lambda: EmulatorMode())
 
