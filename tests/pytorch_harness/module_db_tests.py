@@ -2,7 +2,8 @@
 others: inputs made on cuda with the module moved there give the ModuleInfo's reference (NLLLoss's reference builds
 `input.new_tensor([gpu scalars])`); modules made with device='cuda' or moved with .to()/.cuda(1) before their first
 forward (lazy convolutions keep uninitialized parameters there) hold every parameter and buffer on that GPU; and a
-CPU module and its copy on the GPU agree on outputs and gradients, as test_cpu_gpu_parity checks."""
+CPU module and its copy on the GPU agree on outputs and gradients, as test_cpu_gpu_parity checks (an RNN in eval mode
+refuses its backward, as cuDNN's does)."""
 import copy
 
 import torch
@@ -100,6 +101,10 @@ class TestModuleDb(TestCase):
             with freeze_rng_state():
                 gpu_out = gpu_m(*gpu_args, **gpu_kwargs)
             self.assertEqual(cpu_out, gpu_out, exact_device=False)
+            if not training and module_info.module_cls in (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM):
+                with self.assertRaisesRegex(RuntimeError, "cudnn RNN backward can only be called in training mode"):
+                    _tensors(gpu_out)[0].sum().backward()  # cuDNN's, which a GPU runs these on
+                continue
             for c, g in zip(_tensors(cpu_out), _tensors(gpu_out)):
                 if c.requires_grad:
                     grad = torch.randn_like(c)
