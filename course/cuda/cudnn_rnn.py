@@ -17,16 +17,10 @@ from course.cuda.devices import CPU, EmulatedTensor
 _CUDNN_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
-class _EvalModeBackward(torch.autograd.Function):
-    """The RNN's outputs, unchanged, whose backward raises as cuDNN's `_cudnn_rnn_backward` does in eval mode."""
-
-    @staticmethod
-    def forward(ctx, *outputs):
-        return tuple(o.view_as(o) for o in outputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError("cudnn RNN backward can only be called in training mode")
+def _refuse_eval_mode_backward(grad):
+    """A hook on an eval-mode RNN's outputs: the gradient reaching them stops as cuDNN's `_cudnn_rnn_backward` does.
+    A hook, not an autograd Function, so the outputs stay the RNN's own (not views a program may not modify)."""
+    raise RuntimeError("cudnn RNN backward can only be called in training mode")
 
 
 def _on_cudnn(input) -> bool:
@@ -50,8 +44,10 @@ def _checked(vf_op):
                     raise RuntimeError(f"rnn: {name} is not contiguous")
         with torch._C.DisableTorchFunctionSubclass():
             outputs = vf_op(*args)
-        if _on_cudnn(args[0]) and not train and torch.is_grad_enabled() and any(o.requires_grad for o in outputs):
-            outputs = _EvalModeBackward.apply(*outputs)
+        if _on_cudnn(args[0]) and not train:
+            for output in outputs:
+                if output.requires_grad:
+                    output.register_hook(_refuse_eval_mode_backward)
         return outputs
     return run
 
