@@ -1013,6 +1013,93 @@ def test_seed_000_sharded_matmul_runs_unchanged():
         torch.testing.assert_close(torch.cat([a.grad.cpu() for a in A]), A_cpu.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+def test_convolutions_return_the_memory_format_cudnn_gives(emu, dtype):
+    """cuDNN runs a channels-last image or weight channels-last, forward and backward, except in double precision,
+    where its NHWC path is off (ConvUtils.h, `cudnn_conv_suggest_memory_format`): a float64 conv of channels-last
+    tensors returns channels-first results on a GPU (test_modules' test_memory_format expects that failure on cuda for
+    Conv2d float64), where the CPU kernels returned channels-last. The values stay the CPU's."""
+    for make, shape, layout in ((nn.Conv2d, (2, 3, 6, 6), torch.channels_last),
+                                (nn.ConvTranspose2d, (2, 3, 6, 6), torch.channels_last),
+                                (nn.Conv3d, (2, 3, 4, 4, 4), torch.channels_last_3d)):
+        torch.manual_seed(0)
+        host = make(3, 4, 3).to(dtype).to(memory_format=layout)
+        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=layout)
+        want = host(x), torch.autograd.grad(host(x.requires_grad_()).abs().sum(), (x, host.weight))
+        gpu = copy.deepcopy(host).cuda()
+        xg = x.detach().cuda().contiguous(memory_format=layout).requires_grad_()
+        out = gpu(xg)
+        grads = torch.autograd.grad(gpu(xg).abs().sum(), (xg, gpu.weight))
+        double = dtype in (torch.float64, torch.complex128)
+        for got in (out, *grads):
+            assert got.is_contiguous(memory_format=layout) != double and got.is_contiguous() == double
+        torch.testing.assert_close((out.cpu(), [g.cpu() for g in grads]), (want[0], list(want[1])))
+        plain = gpu.to(memory_format=torch.contiguous_format)(xg.detach().contiguous())
+        assert plain.is_contiguous()
+
+
+def test_rnns_refuse_what_cudnn_refuses(emu):
+    """cuDNN's RNN (which a GPU runs for float16/32/64 with cuDNN on) refuses a non-contiguous hidden state and a
+    backward through an RNN run in eval mode; the CPU's RNN, which computes here, ran both. With cuDNN switched off,
+    or in training mode, the values and gradients are the CPU's."""
+    torch.manual_seed(0)
+    host = nn.GRU(4, 3, num_layers=2, bidirectional=True)
+    x, h = torch.randn(5, 2, 4), torch.randn(2, 4, 3).transpose(0, 1)
+    gpu = copy.deepcopy(host).cuda()
+    with pytest.raises(RuntimeError, match="rnn: hx is not contiguous"):
+        gpu(x.cuda(), h.cuda())
+    with torch.backends.cudnn.flags(enabled=False):
+        torch.testing.assert_close(gpu(x.cuda(), h.cuda())[0].cpu(), host(x, h)[0])
+    lstm = nn.LSTM(4, 3)
+    on_gpu = copy.deepcopy(lstm).cuda()
+    with pytest.raises(RuntimeError, match="cudnn RNN backward can only be called in training mode"):
+        on_gpu.eval()(x.cuda())[0].sum().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(on_gpu(x.cuda())[0].cpu(), lstm.eval()(x)[0])
+    lstm.train()(x)[0].sum().backward()
+    on_gpu.zero_grad()
+    on_gpu.train()(x.cuda())[0].sum().backward()
+    torch.testing.assert_close([p.grad.cpu() for p in on_gpu.parameters()], [p.grad for p in lstm.parameters()])
+
+
+def _lazy_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))
+
+
+def _lazy_run(net, device):
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)).to(device)
+    torch.manual_seed(2)
+    out = net(x)
+    out.sum().backward()
+    return out.detach().cpu(), [p.grad.cpu() for p in net.parameters()], {k: v.cpu() for k, v in net.state_dict().items()}
+
+
+def test_lazy_modules_move_and_materialize_on_gpus_as_on_the_cpu(emu):
+    """A lazy module moved before its first forward (`.to("cuda:1")`, `.cuda()`, factory `device="cuda"`) keeps
+    uninitialized parameters on the GPU, and its first forward materializes them there, with plain CPU torch's values
+    and gradients. `.to()` read the uninitialized parameter's size (a ValueError), a factory-made one materialized into
+    a class without the emulator's dispatch (an internal assert), and the forced module swap made `.double()` of a CPU
+    lazy module empty initialized parameters."""
+    emu.stop()
+    want = _lazy_run(_lazy_net(), "cpu")
+    emu.start()
+    for net, device in ((_lazy_net().to("cuda:1"), "cuda:1"), (_lazy_net().cuda(), "cuda:0")):
+        assert all(isinstance(p, nn.UninitializedParameter) for p in net.parameters())
+        assert {p.device for p in (*net.parameters(), *net.buffers())} == {torch.device(device)}
+        got = _lazy_run(net, device)
+        assert not any(nn.parameter.is_lazy(p) for p in net.parameters())
+        assert all(isinstance(p, nn.Parameter) and p.device == torch.device(device) for p in net.parameters())
+        torch.testing.assert_close(got, want)
+    factory = nn.LazyLinear(3, device="cuda", dtype=torch.float64)
+    assert nn.parameter.is_lazy(factory.weight) and factory.weight.device.type == "cuda"
+    out = factory(torch.ones(2, 4, device="cuda", dtype=torch.float64))
+    assert out.device.type == "cuda" and out.dtype == torch.float64 and factory.weight.shape == (3, 4)
+    assert isinstance(factory.weight, nn.Parameter) and any(p is factory.weight for p in factory.parameters())
+    host = nn.LazyLinear(3).double()
+    assert nn.parameter.is_lazy(host.weight) and host(torch.ones(2, 4, dtype=torch.float64)).shape == (2, 3)
+
+
 def test_models_converted_in_threads_at_once_leave_module_swapping_off():
     """Rank threads convert their models at the same time; the swap flag `.to()` turns on must be off after all."""
     def convert():

@@ -222,6 +222,10 @@ def test_lists_of_gpu_scalars_become_host_tensors_with_their_dtype(emu):
     assert torch.tensor(scores[0, 1]).device == torch.device("cuda", 0)  # a tensor itself is copied where it is
     on_gpu = torch.tensor([[scores[0, 1]]], device="cuda")
     assert on_gpu.device == torch.device("cuda", 0) and on_gpu.item() == pytest.approx(0.9)
+    # `x.new_tensor([loss_a, loss_b])` (common_nn's nllloss_reference): a C++ error about unallocated data
+    losses = scores.new_tensor([scores[0, 1] * 2, scores[1, 0]])
+    assert losses.device == torch.device("cuda", 0) and losses.tolist() == pytest.approx([1.8, 0.8])
+    assert torch.ones(1).new_tensor([scores[0, 0]]).device.type == "cpu"
 
 
 def test_storages_of_gpu_tensors_are_on_the_gpu(emu):

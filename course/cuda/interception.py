@@ -13,7 +13,8 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import attention, graph_moves, half_fft, inner_factories, packed_sequences, storages, subclasses
+from course.cuda import (attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
+                         subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
@@ -264,6 +265,8 @@ def _tolist(self):
 
 
 def _new_tensor(self, data, **kwargs):
+    if holds_gpu_tensors(data):  # `x.new_tensor([gpu_loss_a, gpu_loss_b])`: C++ would read the GPU scalars in place
+        data = on_host(data)
     if isinstance(self, EmulatedTensor) and kwargs.get("device") is None:
         kwargs["device"] = self.device
     kwargs.setdefault("dtype", self.dtype)
@@ -335,6 +338,8 @@ def _set_data(self, new):
     CPU) stays an emulated tensor, on the host. The other way the Python class would have to change: not modelled."""
     if isinstance(self, EmulatedTensor) and type(new) is torch.Tensor and new.device.type == "cpu":
         new = wrap(new, CPU, None)
+    if isinstance(new, EmulatedTensor) and not isinstance(self, EmulatedTensor) and torch.nn.parameter.is_lazy(self):
+        return _take_gpu_tensor(self, new)
     if isinstance(new, EmulatedTensor) and type(self) in (torch.Tensor, torch.nn.Parameter) and self.is_leaf \
             and self.grad is None:
         return _take_gpu_tensor(self, new)
@@ -356,7 +361,9 @@ def _take_gpu_tensor(host, gpu):
     moved = gpu.detach().requires_grad_(host.requires_grad)
     if type(host) is torch.nn.Parameter:
         moved._is_param = True
-    if host.requires_grad:
+    if torch.nn.parameter.is_lazy(gpu):
+        moved.__class__ = type(gpu)  # stays uninitialized, for the lazy module to materialize
+    if host.requires_grad and not torch.nn.parameter.is_lazy(host):  # a lazy one is in no graph
         torch.autograd.graph.get_gradient_edge(host).node.register_prehook(_moved_to_gpu_hook)
     for name in ("__class__", "__dict__"):
         held = getattr(host, name)
@@ -502,6 +509,7 @@ _HANDLERS = {
 
 
 _HANDLERS.update(inner_factories.handlers(lambda: EmulatorMode()))
+_HANDLERS.update(cudnn_rnn.handlers())
 _HANDLERS.update(graph_moves.handlers(_to, _type_as))
 _HANDLERS.update(half_fft.handlers())
 attention.register_eager_flex_attention(lambda: EmulatorMode())

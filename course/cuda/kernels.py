@@ -378,8 +378,8 @@ def run_kernel(emu, func, args, kwargs):
         raise NotImplementedError(
             f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
-    if info.cudnn and any(t.is_meta for t in un_args if isinstance(t, torch.Tensor)):
-        out = _channels_last_like_cudnn(out, un_args)
+    if info.cudnn:
+        out = _memory_format_like_cudnn(func, out, un_args)
     if type(out) is torch.Tensor and device is not None and device != CPU and not scratch:
         return _finish_one(emu, func, info, device, tensors, emulated, args, un_args, un_kwargs, out)
     multiple = isinstance(out, (tuple, list))
@@ -534,13 +534,22 @@ def _storage_nbytes(tensor: torch.Tensor) -> int:
     return sum(_storage_nbytes(part) for part in sparse_parts(tensor))
 
 
-def _channels_last_like_cudnn(out, args):
-    """Shape-only convolutions come back channels-first; cuDNN's come back channels-last when the image or the
-    weight is (`cudnn_conv_suggest_memory_format`), and later layers' costs depend on it."""
-    images = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
-    if not any(a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous() for a in images):
-        return out
-    fix = lambda o: o.contiguous(memory_format=torch.channels_last) if isinstance(o, torch.Tensor) and o.dim() == 4 else o
+def _suggests(tensor: torch.Tensor, memory_format) -> bool:
+    return tensor.is_contiguous(memory_format=memory_format) and not tensor.is_contiguous()
+
+
+def _memory_format_like_cudnn(func, out, args):
+    """A convolution's results (forward and backward) in the layout cuDNN gives them, which its callers'
+    `cudnn_conv_suggest_memory_format` picks (aten/src/ATen/native/ConvUtils.h): channels-last (3d) when the weight
+    has 4 (5) dims and it or the image is channels-last, never for float64 or complex128 (cuDNN's NHWC is off for
+    double), else channels-first. The CPU's kernels choose otherwise (a float64 channels-last image gives a
+    channels-last result there; a shape-only run, channels-first), and strides are a program's to read."""
+    image, weight = (args[1], args[2]) if func._overloadpacket is torch.ops.aten.convolution_backward else args[:2]
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(weight.dim())
+    if image.dtype in (torch.float64, torch.complex128) or layout is None or not (
+            _suggests(image, layout) or _suggests(weight, layout)):
+        layout = torch.contiguous_format
+    fix = lambda o: o.contiguous(memory_format=layout) if isinstance(o, torch.Tensor) and o.dim() == weight.dim() else o
     return type(out)(fix(o) for o in out) if isinstance(out, (tuple, list)) else fix(out)
 
 

@@ -55,6 +55,12 @@ def module_apply(self, fn, recurse=True):
             torch.__future__.set_swap_module_params_on_conversion(True)
         _applying += 1
     try:
+        if _holds_lazy(self):  # a swap would make its uninitialized parameters empty initialized ones, as in PyTorch
+            if recurse:
+                for child in self.children():
+                    child._apply(fn)
+            torch.__future__.set_swap_module_params_on_conversion(False)
+            return _MODULE_APPLY(self, fn, recurse=False)
         return _MODULE_APPLY(self, fn, recurse)
     except RuntimeError as error:
         if not str(error).startswith("_apply(): Couldn't swap"):
@@ -66,6 +72,12 @@ def module_apply(self, fn, recurse=True):
             _applying -= 1
             if _applying == 0:
                 torch.__future__.set_swap_module_params_on_conversion(_flag_before)
+
+
+def _holds_lazy(module) -> bool:
+    """Whether a lazy module's own parameters or buffers are still uninitialized (nn/modules/lazy.py)."""
+    own = (*module._parameters.values(), *module._buffers.values())
+    return any(torch.nn.parameter.is_lazy(t) for t in own)
 
 
 def _weakrefs_by_value(tensor) -> list:

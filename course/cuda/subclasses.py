@@ -51,7 +51,37 @@ def _twin(cls: type) -> type:
         raise not_modelled(f"A tensor on an emulated GPU as the subclass {cls.__name__}, which has its own "
                            "__torch_dispatch__,", "make the subclass a wrapper (torch.Tensor._make_wrapper_subclass) "
                            "over the GPU tensor, keep its tensors on the CPU, or run this part on a real GPU")
-    return type(cls.__name__, (cls, _SubclassOnGPU), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    extra = _UNINITIALIZED_ON_GPU if issubclass(cls, torch.nn.parameter.UninitializedTensorMixin) else {}
+    return type(cls.__name__, (cls, _SubclassOnGPU), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                                      **extra})
+
+
+def _materialize_on_gpu(self, shape, device=None, dtype=None) -> None:
+    """A lazy module's first forward on an emulated GPU: PyTorch's materialize (nn/parameter.py), whose
+    `self.__class__ = self.cls_to_become` would give the GPU tensor a class without the emulator's dispatch; here it
+    becomes a plain emulated tensor, flagged as a parameter as nn.Parameter flags tensors it cannot re-class."""
+    is_param = issubclass(_user_class(type(self)).cls_to_become, torch.nn.Parameter)
+    torch.nn.parameter.UninitializedTensorMixin.materialize(self, shape, device, dtype)
+    if is_param:
+        self._is_param = True
+
+
+# What an uninitialized parameter's or buffer's twin adds: it materializes into an emulated tensor, and lets
+# nn.Parameter detach it (Module._apply wraps a moved parameter in one), as it lets `.to()` run.
+_UNINITIALIZED_ON_GPU = {
+    "cls_to_become": EmulatedTensor, "materialize": _materialize_on_gpu,
+    "_allowed_methods": [*torch.nn.parameter.UninitializedTensorMixin._allowed_methods, torch.Tensor.detach,
+                         torch.Tensor.requires_grad_],
+}
+
+
+def uninitialized_like(tensor, data: torch.Tensor):
+    """`uninitialized.to(device, dtype)`: it holds no values, so the moved one is made anew around `data` (empty, on
+    the device), as UninitializedParameter.__new__ makes one, keeping its attributes (a buffer's `persistent`)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        moved = torch.Tensor._make_subclass(_user_class(type(tensor)), data, tensor.requires_grad)
+        moved.__dict__.update(tensor.__dict__)
+    return moved
 
 
 def _user_class(cls: type) -> type:
