@@ -1,18 +1,22 @@
 """Programs written the way public PyTorch examples are, run unchanged on plain CPU torch and on emulated GPUs.
 
 Each program in tests/corpus/ picks `"cuda" if torch.cuda.is_available() else "cpu"` (and nccl or gloo) as
-public scripts do, and ends by printing `RESULT {json}`. It runs twice, each time in a fresh Python: plainly
-(CPU), and under `python -m course --gpus 4` (emulated A100s). The numbers must agree; a program may widen
-the tolerance with "_tolerance": [rtol, atol] (bf16 and fp16 programs do).
+public scripts do, and ends by printing `RESULT {json}`. It runs twice, each time in a new process: plainly
+(CPU), and as under `python -m course --gpus 4` (emulated A100s). Each process is a fork of a Python that has
+made the imports such a command line makes first, once for all programs (tests/corpus_zygote.py). The numbers
+must agree; a program may widen the tolerance with "_tolerance": [rtol, atol] (bf16 and fp16 programs do).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,17 +27,65 @@ DEFAULT_TOLERANCE = (1e-4, 1e-5)
 
 
 BWRAP = shutil.which("bwrap")
+ZYGOTE = Path(__file__).parent / "corpus_zygote.py"
+TIMEOUT_S = 300
 
 
-def _start(command: list[str], own_network: bool = False) -> tuple[list[str], bool, subprocess.Popen]:
-    """Start a program; with `own_network`, in a network namespace of its own (bubblewrap, loopback only), so
-    its hard-coded rendezvous ports cannot collide with the other run going on at the same time."""
-    env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
-    env["PYTHONWARNINGS"] = "ignore"
-    launch = [BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"] + command \
-        if own_network else command
-    return command, own_network, subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                  text=True, cwd=CORPUS, env=env)
+class Zygote:
+    """A corpus_zygote.py process (see there): each run is a fork of it, one at a time. With `own_network`, it and
+    so every run it starts live in a network namespace of their own (bubblewrap, loopback only), so that
+    hard-coded rendezvous ports cannot collide with the other run going on at the same time."""
+
+    def __init__(self, mode: str, own_network: bool = False):
+        env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
+        env["PYTHONWARNINGS"] = "ignore"
+        command = [sys.executable, str(ZYGOTE), mode]
+        launch = [BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"] + command \
+            if own_network else command
+        self.mode, self.buffer, self.running = mode, b"", None
+        self.process = subprocess.Popen(launch, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=CORPUS, env=env)
+
+    def _message(self, deadline: float | None = None) -> dict:
+        while b"\n" not in self.buffer:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.process.stdout], [], [], wait)[0]:
+                raise TimeoutError
+            data = os.read(self.process.stdout.fileno(), 1 << 16)
+            assert data, f"the {self.mode} corpus zygote exited {self.process.wait()} (its stderr is above)"
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def start(self, program: Path, folder: Path) -> None:
+        """Start a program; it writes its output to files in `folder`."""
+        self.output = folder / f"{self.mode}.out", folder / f"{self.mode}.err"
+        self.process.stdin.write((json.dumps({"argv": [str(program)], "stdout": str(self.output[0]),
+                                              "stderr": str(self.output[1])}) + "\n").encode())
+        self.process.stdin.flush()
+        self.running = self._message()["pid"]
+
+    def finish(self) -> tuple[int, str, str]:
+        """Wait for the run (killed after TIMEOUT_S seconds): its return code, stdout and stderr."""
+        try:
+            returncode = self._message(time.monotonic() + TIMEOUT_S)["exited"]
+        except TimeoutError:
+            self._kill()
+            returncode = self._message()["exited"]
+        self.running = None
+        return returncode, self.output[0].read_text(), self.output[1].read_text()
+
+    def _kill(self) -> None:
+        try:
+            os.kill(self.running, signal.SIGKILL)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+
+    def close(self) -> None:
+        if self.running is not None:  # a test that failed before waiting for its run
+            self._kill()
+            self._message()
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 # Plain PyTorch, emulator or not: now and then a torchrun rank aborts while its interpreter shuts down, after its
@@ -42,34 +94,50 @@ def _start(command: list[str], own_network: bool = False) -> tuple[list[str], bo
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def _result(started: tuple[list[str], bool, subprocess.Popen], attempts: int = 3) -> dict:
-    command, own_network, process = started
-    try:
-        stdout, stderr = process.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
+def _finish(zygote: Zygote, program: Path, folder: Path, attempts: int = 3) -> tuple[int, str, str]:
+    returncode, stdout, stderr = zygote.finish()
+    if returncode != 0 and TEARDOWN_ABORT in stderr and attempts > 1:
+        zygote.start(program, folder)
+        return _finish(zygote, program, folder, attempts - 1)
+    return returncode, stdout, stderr
+
+
+def _result(mode: str, program: Path, finished: tuple[int, str, str]) -> dict:
+    returncode, stdout, stderr = finished
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    if process.returncode != 0 and TEARDOWN_ABORT in stderr and attempts > 1:
-        return _result(_start(command, own_network), attempts - 1)
-    assert process.returncode == 0 and lines, (
-        f"{' '.join(command)} exited {process.returncode} without a RESULT line\n"
+    command = [sys.executable] + (["-m", "course", "--gpus", "4"] if mode == "emulated" else []) + [str(program)]
+    assert returncode == 0 and lines, (
+        f"{' '.join(command)} exited {returncode} without a RESULT line\n"
         f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _plain_and_emulated(program: Path) -> tuple[dict, dict]:
-    """Both runs of a program: at the same time when bubblewrap can give the emulated one its own network
-    (the suite's longest part, on a 2-core CI machine), one after the other otherwise."""
-    plain_command = [sys.executable, str(program)]
-    emulated_command = [sys.executable, "-m", "course", "--gpus", "4", str(program)]
-    if BWRAP and subprocess.run([BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--", "true"],
-                                capture_output=True).returncode == 0:
-        emulated = _start(emulated_command, own_network=True)
-        plain = _start(plain_command)
-        return _result(plain), _result(emulated)
-    plain = _result(_start(plain_command))
-    return plain, _result(_start(emulated_command))
+@pytest.fixture(scope="module")
+def zygotes():
+    """The plain and the emulated zygote, the emulated one in its own network when bubblewrap can give it one;
+    whether runs of the two may go on at the same time."""
+    own_network = bool(BWRAP) and subprocess.run([BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--", "true"],
+                                                 capture_output=True).returncode == 0
+    pair = {"plain": Zygote("plain"), "emulated": Zygote("emulated", own_network)}
+    yield pair, own_network
+    for zygote in pair.values():
+        zygote.close()
+
+
+def _plain_and_emulated(program: Path, zygotes, folder: Path) -> tuple[dict, dict]:
+    """Both runs of a program: at the same time when the emulated one has its own network (the suite's longest
+    part, on a 2-core CI machine), one after the other otherwise."""
+    pair, concurrent = zygotes
+    if concurrent:
+        pair["emulated"].start(program, folder)
+        pair["plain"].start(program, folder)
+        plain = _finish(pair["plain"], program, folder)
+        emulated = _finish(pair["emulated"], program, folder)
+        return _result("plain", program, plain), _result("emulated", program, emulated)
+    pair["plain"].start(program, folder)
+    plain = _result("plain", program, _finish(pair["plain"], program, folder))
+    pair["emulated"].start(program, folder)
+    return plain, _result("emulated", program, _finish(pair["emulated"], program, folder))
 
 
 def _compare(plain, emulated, tolerance, path="RESULT") -> list[str]:
@@ -95,8 +163,8 @@ def _compare(plain, emulated, tolerance, path="RESULT") -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
-def test_program_gives_the_same_numbers_on_emulated_gpus(program):
-    plain, emulated = _plain_and_emulated(program)
+def test_program_gives_the_same_numbers_on_emulated_gpus(program, zygotes, tmp_path):
+    plain, emulated = _plain_and_emulated(program, zygotes, tmp_path)
     tolerance = DEFAULT_TOLERANCE
     if isinstance(plain, dict):
         tolerance = tuple(plain.pop("_tolerance", DEFAULT_TOLERANCE))
