@@ -1144,6 +1144,25 @@ def test_torchscript_of_gpu_modules_runs_and_saves_their_values(emu, tmp_path):
     assert {p.device for p in list(on_gpu.parameters()) + list(on_gpu.buffers())} == {torch.device("cuda:1")}
     torch.testing.assert_close(on_gpu(x.to("cuda:1")).cpu(), want)
 
+def test_torchscript_loads_back_onto_the_gpus_it_was_saved_from(emu, tmp_path):
+    """A GPU box's TorchScript file records each tensor's device, and `torch.jit.load(path)` puts it back there. The
+    emulator's files hold host tensors, so such a load gave a CPU module (then "Expected all tensors to be on the same
+    device", or CPU work where GPU work was meant); the file now names the GPUs. A program's own extra files still
+    save and load, and tracing no longer warns that the emulator's bookkeeping "might not generalize"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4), nn.ReLU()).to("cuda:1").eval()
+    x = torch.randn(3, 6, device="cuda:1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model, x)
+    torch.jit.save(traced, tmp_path / "m.pt", _extra_files={"meta.txt": "v1"})
+    extra = {"meta.txt": ""}
+    loaded = torch.jit.load(tmp_path / "m.pt", _extra_files=extra)
+    assert extra == {"meta.txt": b"v1"}
+    assert {p.device for p in list(loaded.parameters()) + list(loaded.buffers())} == {torch.device("cuda:1")}
+    torch.testing.assert_close(loaded(x).cpu(), model(x).cpu())
+
+
 def test_jit_trace_of_a_gpu_convolution_records_it(emu, tmp_path):
     """PyTorch's tracer records a convolution as `aten::_convolution`, never `convolution`: traced on emulated
     GPUs, a conv net failed ("data is not allocated yet") as its output was missing from the trace. Now the trace
@@ -1175,3 +1194,22 @@ def test_torch_gc_helper_of_chat_demos_runs(emu):
         torch.cuda.empty_cache()
         torch.cuda.ipc_collect()
     assert torch.cuda.memory_allocated(1) == keep.numel() * 4 and torch.cuda.memory_reserved(1) == 4096
+
+
+def test_sparse_embedding_trains_with_sparse_adam_as_on_the_host(emu):
+    """SparseAdam makes its update with the legacy `grad.new(indices, values, size)`, which checks nothing and says
+    nothing; the emulator's version warned that sparse invariant checks were off. The steps give the host's values."""
+    def train(device):
+        torch.manual_seed(0)
+        emb = nn.Embedding(20, 4, sparse=True).to(device)
+        opt = torch.optim.SparseAdam(list(emb.parameters()), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            emb(torch.tensor([1, 3, 3, 7], device=device)).square().sum().backward()
+            opt.step()
+        assert emb.weight.grad.is_sparse
+        return emb.weight.detach().cpu()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        on_gpu = train("cuda:1")
+    torch.testing.assert_close(on_gpu, train("cpu"))

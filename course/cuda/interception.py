@@ -309,9 +309,10 @@ def _dtensor_shaped_like(func, args, kwargs):
 
 def _new(self, *args, **kwargs):
     """Legacy `x.new(data)` / `x.new(*sizes)`: x's dtype and, unless `device=` says otherwise, x's device; for a
-    sparse x, `x.new(indices, values, size)` (SparseAdam) is a sparse tensor made of them."""
+    sparse x, `x.new(indices, values, size)` (SparseAdam) is a sparse tensor made of them, unchecked and without
+    the warning that checks are off, as the legacy constructor makes it."""
     if self.layout is torch.sparse_coo and args and isinstance(args[0], torch.Tensor):
-        return torch.sparse_coo_tensor(*args, **kwargs)
+        return torch.sparse_coo_tensor(*args, **{"check_invariants": False, **kwargs})
     device = kwargs.pop("device", None)
     if device is None and isinstance(self, EmulatedTensor):
         device = self.device

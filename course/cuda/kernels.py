@@ -301,6 +301,21 @@ def _unwrap(value, tensors: list):
 _SCALARS = (int, float, bool, type(None))
 _torch_function_mode_on = torch._C._is_torch_function_mode_enabled
 _no_torch_function = torch._C.DisableTorchFunction
+_tracing = torch._C._is_tracing
+_bookkeeping_under_trace = threading.local()
+
+
+def _run_traced(emu, func, args, kwargs):
+    """Under torch.jit.trace every size read in Python is a traced tensor, so the emulator's bookkeeping would warn the
+    program that its trace "might not generalize". The tracer records the op above the Python key, before it comes
+    here, and PyTorch refuses to turn tracing back on inside a kernel: the warnings are silenced instead."""
+    _bookkeeping_under_trace.on = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return run_kernel(emu, func, args, kwargs)
+    finally:
+        _bookkeeping_under_trace.on = False
 
 
 def run_kernel(emu, func, args, kwargs):
@@ -315,6 +330,8 @@ def run_kernel(emu, func, args, kwargs):
     if _torch_function_mode_on() and not info.python_cuda_kernel:
         with _no_torch_function():
             return run_kernel(emu, func, args, kwargs)  # the same op, the modes now off
+    if _tracing() and not getattr(_bookkeeping_under_trace, "on", False):
+        return _run_traced(emu, func, args, kwargs)
     # Every op of a training step passes here, so the usual case (EmulatedTensors on one device, one tensor out) is
     # checked first and takes the shortest path; PyTorch's rules for mixing devices run only when needed.
     tensors: list[torch.Tensor] = []
