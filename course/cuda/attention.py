@@ -56,23 +56,38 @@ def _dtensor_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     """SDPA on DTensors over emulated GPUs, as CUDA's flash and memory-efficient sharding rules run it with batch or
     heads sharded (torch/distributed/tensor/_ops/_matrix_ops.py): each rank attends over its own shard, with no
     communication, and the output has the query's placements. The CPU kernel the emulator runs has no such rule.
-    Other layouts (a sharded sequence, as context parallelism's ring attention makes, Partial, a mask or dropout)
-    are refused by name."""
+    Other layouts go to the fused op a GPU would pick, on the DTensors, so that DTensor's own rules for it run: a
+    sequence sharded by context parallelism reaches its ring attention (torch/distributed/tensor/experimental/
+    _context_parallel), whose local calls are the emulator's fused ops (course/cuda/fused_attention_ops.py)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     placements, mesh = query.placements, query.device_mesh
     local = all(isinstance(t, DTensor) and t.placements == placements and t.device_mesh == mesh
                 for t in (key, value)) and all(p in (Replicate(), Shard(0), Shard(1)) for p in placements)
     if not local or attn_mask is not None or dropout_p:
-        raise not_modelled(f"F.scaled_dot_product_attention on DTensors placed {tuple(placements)} over emulated "
-                           "GPUs (sharded sequences, as context parallelism's ring attention makes, Partial, or with "
-                           "a mask or dropout)", "shard batch (Shard(0)) or heads (Shard(1)) with no mask or dropout, "
-                           "attend over local tensors, or run this part on a real GPU")
+        return _dtensor_fused_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     out = scaled_dot_product_attention(query.to_local(), key.to_local(), value.to_local(), is_causal=is_causal,
                                        scale=scale, enable_gqa=enable_gqa)
     shape = (*query.shape[:-1], value.shape[-1])
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+def _dtensor_fused_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """`F.scaled_dot_product_attention` as CUDA's dispatch runs it on DTensors: the fused op it selects (flash, then
+    memory-efficient), called on the DTensors themselves; its derivative is that op's backward."""
+    cc = current_emulator("F.scaled_dot_product_attention").gpu.compute_capability
+    kernel = "math" if enable_gqa else sdpa_backends.chosen(cc, query, key, value, attn_mask, dropout_p, is_causal)
+    if kernel == "flash":
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
+    if kernel == "mem":
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, grad, dropout_p, is_causal,
+                                                            scale=scale)[0]
+    raise not_modelled(f"F.scaled_dot_product_attention on DTensors placed {tuple(query.placements)} over emulated "
+                       f"GPUs, where CUDA takes its {'cuDNN' if kernel == 'cudnn' else 'math'} kernel",
+                       "use inputs flash or memory-efficient attention takes (fp16/bf16, or no grouped-query heads), "
+                       "or run this part on a real GPU")
 
 
 def _jagged_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

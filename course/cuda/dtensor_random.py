@@ -119,6 +119,7 @@ def _in_place_draw_meta(propagate):
         if torch.Tag.nondeterministic_seeded in op.tags and op._schema.name.endswith("_") and op_schema.args_schema:
             return getattr(op_schema.args_schema[0], "tensor_meta", None) or propagate(self, op_schema)
         return propagate(self, op_schema)
+    tensor_meta.course_emulated = True
     return tensor_meta
 
 
@@ -131,12 +132,15 @@ def _device_state(self) -> torch.Tensor:
 
 def patches() -> list[tuple[object, dict]]:
     """The tracker's region replaced, and in-place draws' metadata given, once DTensor's random module is imported
-    (else nothing)."""
+    and not yet patched (else nothing: the emulator calls this at every collective, and a second wrapper would wrap
+    the first)."""
     module = sys.modules.get(MODULE)
     tracker = getattr(module, "OffsetBasedRNGTracker", None)
     if tracker is None:
         return []
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+    if getattr(propagate, "course_emulated", False):
+        return []
     return [(tracker, {"_distribute_region": _distribute_region, "_get_device_state": _device_state}),
             (ShardingPropagator, {"_propagate_tensor_meta_non_cached": _in_place_draw_meta(propagate)})]

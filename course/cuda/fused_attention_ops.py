@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import current_emulator
@@ -75,8 +76,8 @@ def _keep(shape, dropout_p: float, seed: int, device) -> torch.Tensor | None:
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) >= dropout_p
 
 
-def _probabilities(q, k, scale, causal, bias):
-    """The softmax of (B, H, M, N) scores in float32, rows with no key all 0, and their log-sum-exp (+inf there)."""
+def _scores(q, k, scale, causal, bias):
+    """The (B, H, M, N) float32 scores, masked keys at -inf, and how many query heads share a key/value head."""
     group = q.shape[1] // k.shape[1]  # grouped-query heads: each key/value head serves `group` query heads
     kf = k.float().repeat_interleave(group, dim=1)
     scores = q.float() @ kf.transpose(-2, -1) * scale
@@ -85,6 +86,12 @@ def _probabilities(q, k, scale, causal, bias):
     allowed = _mask(q.shape[-2], k.shape[-2], causal, q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores, group
+
+
+def _probabilities(q, k, scale, causal, bias):
+    """The softmax of (B, H, M, N) scores in float32, rows with no key all 0, and their log-sum-exp (+inf there)."""
+    scores, group = _scores(q, k, scale, causal, bias)
     lse = scores.logsumexp(-1)
     empty = lse == float("-inf")
     probs = torch.where(empty.unsqueeze(-1), 0.0, torch.exp(scores - lse.unsqueeze(-1)))
@@ -103,11 +110,13 @@ def _forward(q, k, v, scale, causal, bias=None, dropout_p=0.0, seed=0):
     return (probs @ v.float().repeat_interleave(group, dim=1)).to(q.dtype), lse
 
 
-def _backward(grad, q, k, v, out, scale, causal, bias=None, dropout_p=0.0, seed=0):
-    """Gradients of q, k, v and the scores (the bias's), from the probabilities and dropout mask recomputed as the
-    kernels recompute them."""
+def _backward(grad, q, k, v, out, lse, scale, causal, bias=None, dropout_p=0.0, seed=0):
+    """Gradients of q, k, v and the scores (the bias's). As the kernels do, the probabilities are exp(scores - lse)
+    with the log-sum-exp and output passed in, not a softmax of these keys alone: ring attention (context
+    parallelism) passes the ones merged over every rank's keys, and each rank's gradients are then its share."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    probs, _, group = _probabilities(q, k, scale, causal, bias)
+    scores, group = _scores(q, k, scale, causal, bias)
+    probs = torch.exp(scores - lse[..., :q.shape[-2]].float().unsqueeze(-1))  # +inf (a row with no key) gives 0
     keep = _keep(probs.shape, dropout_p, seed, q.device)
     g, kf, vf = grad.float(), k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
     d_probs = _dropped(g @ vf.transpose(-2, -1), keep, dropout_p)
@@ -130,7 +139,11 @@ def _flash_rng_state(seed: int, device):
 
 
 def _seed_of(tensor) -> int:
-    return 0 if tensor is None or tensor.is_meta or tensor.numel() == 0 else int(tensor.reshape(-1)[0])
+    """The seed a forward returned; 0 where there is no value to read (DTensor's sharding propagation runs the
+    backward on fake tensors to learn its output's shapes)."""
+    if tensor is None or tensor.is_meta or tensor.numel() == 0 or isinstance(tensor, FakeTensor):
+        return 0
+    return int(tensor.reshape(-1)[0])
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -152,7 +165,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
                              window_size_right=None):
     _refuse("_flash_attention_backward", window=window_size_left is not None or window_size_right is not None)
     g, q, k, v, o = _seqs_first(grad_out, query, key, value, out)
-    dq, dk, dv, _ = _backward(g, q, k, v, o, scale, "lower_right" if is_causal else None, None, dropout_p,
+    dq, dk, dv, _ = _backward(g, q, k, v, o, logsumexp, scale, "lower_right" if is_causal else None, None, dropout_p,
                               _seed_of(rng_state))
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
@@ -192,8 +205,8 @@ def efficient_attention_backward(grad_out_, query, key, value, bias, out, cu_seq
                                  shared_storage_dqdkdv=False):
     _refuse("_efficient_attention_backward", variable_lengths=cu_seqlens_q is not None, window=window_size is not None)
     g, q, k, v, o = _seqs_first(grad_out_, query, key, value, out)
-    dq, dk, dv, d_scores = _backward(g, q, k, v, o, scale, _custom_mask(custom_mask_type), bias, dropout_p,
-                                     _seed_of(philox_seed))
+    dq, dk, dv, d_scores = _backward(g, q, k, v, o, logsumexp, scale, _custom_mask(custom_mask_type), bias,
+                                     dropout_p, _seed_of(philox_seed))
     d_bias = d_scores.to(bias.dtype) if bias is not None and bias_requires_grad else query.new_empty(0)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), d_bias
 
@@ -209,8 +222,8 @@ def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
 
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                         is_causal, philox_seed, philox_offset, *, scale=None):
-    dq, dk, dv, _ = _backward(grad_out, query, key, value, out, scale, "lower_right" if is_causal else None, None,
-                              dropout_p, _seed_of(philox_seed))
+    dq, dk, dv, _ = _backward(grad_out, query, key, value, out, logsumexp, scale,
+                              "lower_right" if is_causal else None, None, dropout_p, _seed_of(philox_seed))
     return dq, dk, dv
 
 
@@ -225,8 +238,8 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0
 
 def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
                             dropout_p, grad_input_mask, is_causal=False, *, scale=None):
-    dq, dk, dv, d_scores = _backward(grad_out_, query, key, value, out, scale, "upper_left" if is_causal else None,
-                                     attn_bias, dropout_p, _seed_of(philox_seed))
+    dq, dk, dv, d_scores = _backward(grad_out_, query, key, value, out, logsumexp, scale,
+                                     "upper_left" if is_causal else None, attn_bias, dropout_p, _seed_of(philox_seed))
     wants_bias = attn_bias is not None and len(grad_input_mask) > 3 and grad_input_mask[3]
     return dq, dk, dv, d_scores.to(attn_bias.dtype) if wants_bias else None
 

@@ -103,6 +103,22 @@ def _dtypes_after_autocast(*tensors) -> tuple:
     return tuple(cast if t.is_floating_point() and t.dtype is not torch.float64 else t.dtype for t in tensors)
 
 
+def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal) -> str:
+    """The kernel a GPU picks for a dense call: "flash", "mem", "math" or "cudnn", the first enabled one that takes
+    it in `priority_order`'s default order (flash, memory-efficient, math, cuDNN)."""
+    backends = torch.backends.cuda
+    dtypes = _dtypes_after_autocast(query, key, value)
+    if backends.flash_sdp_enabled() and not _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p,
+                                                           is_causal):
+        return "flash"
+    if backends.mem_efficient_sdp_enabled() and not _mem_efficient_refusal(cc, dtypes, query, key, value):
+        return "mem"
+    if backends.math_sdp_enabled():
+        return "math"
+    check(cc, query, key, value, attn_mask, dropout_p, is_causal)  # stops with the GPU's words unless cuDNN takes it
+    return "cudnn"
+
+
 def check(cc, query, key, value, attn_mask, dropout_p, is_causal) -> None:
     """Stop as a GPU stops when math attention is off and no enabled fused kernel takes the call (nothing to do
     while the math fallback is on, PyTorch's default)."""
