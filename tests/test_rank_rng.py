@@ -4,6 +4,7 @@ import threading
 from random import choice, gauss, getstate, randint, sample, seed, setstate, shuffle, uniform
 
 import numpy as np
+import pytest
 
 import torch
 import torch.distributed as dist
@@ -45,15 +46,14 @@ def seeded_training_draws(rank, world_size):
     return [t.detach().cpu().tolist() for t in tensors] + [torch.initial_seed(), [list(part) for part in split]]
 
 
-def test_seeded_rank_threads_give_the_same_numbers_every_run_and_as_rank_processes():
+def test_seeded_rank_threads_give_the_same_numbers_every_run_and_as_rank_processes(as_processes):
     with course.emulate(gpus=2):
         process_state = torch.get_rng_state()
         runs = [run_threads(seeded_training_draws, 2) for _ in range(5)]
         assert torch.equal(torch.get_rng_state(), process_state), "a rank thread drew from the process's generator"
-        as_processes = run_processes(seeded_training_draws, 2)
     assert all(run == runs[0] for run in runs[1:])
     assert runs[0][0] != runs[0][1]  # each rank its own seed
-    assert runs[0] == as_processes
+    assert runs[0] == [draws[seeded_training_draws.__name__] for draws in as_processes]
 
 
 def unseeded_draws(rank, world_size):
@@ -112,15 +112,14 @@ def seeded_host_draws(rank, world_size):
     return drawn
 
 
-def test_seeded_python_and_numpy_draws_are_per_rank_as_in_rank_processes():
+def test_seeded_python_and_numpy_draws_are_per_rank_as_in_rank_processes(as_processes):
     process_states = random.getstate(), np.random.get_state()[1].tolist()
     module_functions = random.random, np.random.rand
     with course.emulate(gpus=2):
         runs = [run_threads(seeded_host_draws, 2) for _ in range(5)]
-        as_processes = run_processes(seeded_host_draws, 2)
     assert all(run == runs[0] for run in runs[1:])
     assert runs[0][0] != runs[0][1]  # each rank its own seed
-    assert runs[0] == as_processes
+    assert runs[0] == [draws[seeded_host_draws.__name__] for draws in as_processes]
     assert (random.getstate(), np.random.get_state()[1].tolist()) == process_states  # the process's left alone
     assert (random.random, np.random.rand) == module_functions  # put back when the ranks ended
 
@@ -142,12 +141,28 @@ def seeded_draws_by_imported_names(rank, world_size):
     return drawn
 
 
-def test_random_functions_imported_before_the_ranks_start_are_per_rank_too():
+def test_random_functions_imported_before_the_ranks_start_are_per_rank_too(as_processes):
     process_state = random.getstate()
     with course.emulate(gpus=2):
         runs = [run_threads(seeded_draws_by_imported_names, 2) for _ in range(5)]
-        as_processes = run_processes(seeded_draws_by_imported_names, 2)
     assert all(run == runs[0] for run in runs[1:])
     assert runs[0][0] != runs[0][1]  # each rank its own seed
-    assert runs[0] == as_processes
+    assert runs[0] == [draws[seeded_draws_by_imported_names.__name__] for draws in as_processes]
     assert random.getstate() == process_state and type(random._inst) is random.Random  # put back
+
+
+SEEDED_DRAWS = (seeded_training_draws, seeded_host_draws, seeded_draws_by_imported_names)
+
+
+def all_seeded_draws(rank, world_size):
+    """One job of rank processes for the three tests (each process costs seconds: it imports torch and the course):
+    each draw function seeds every generator it draws from first, so what ran before it in the process is no
+    matter."""
+    return {draws.__name__: draws(rank, world_size) for draws in SEEDED_DRAWS}
+
+
+@pytest.fixture(scope="module")
+def as_processes():
+    """What each rank process of an emulated two-GPU job draws, by draw function."""
+    with course.emulate(gpus=2):
+        return run_processes(all_seeded_draws, 2)
