@@ -1,4 +1,5 @@
-"""A Python that has imported torch once and starts each corpus program as a fork of itself (tests/test_corpus.py).
+"""A Python that has imported torch once and starts each corpus program as a fork of itself (tests/test_corpus.py;
+tests/test_pytorch_harness.py runs its files so too); `Zygote` starts one and asks it for runs.
 
 A fresh Python spends ~1.7 CPU s importing torch (the course too, for the emulated run) before a program's first
 line: 37 programs, twice each. This process imports that once, then for each request forks a child that runs the
@@ -11,17 +12,28 @@ program itself, a fresh start ~1.7 s. What the program starts itself (torchrun
 ranks, mp.spawn workers) are fresh Pythons as before.
 
 `python corpus_zygote.py plain|emulated`, JSON lines on stdin/stdout:
-  -> {"argv": [program, ...], "stdout": path, "stderr": path}   <- {"pid": n}, then {"exited": returncode}
+  -> {"argv": [program, ...], "stdout": path, "stderr": path, "cwd": path or null (the program's folder)}
+  <- {"pid": n}, then {"exited": returncode}
 """
+from __future__ import annotations
+
 import gc
 import json
 import os
 import runpy
+import select
+import shutil
+import signal
+import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 # What the emulated run's first op imports lazily (torch.distributed.tensor and sympy): ~0.6 CPU s more per run.
 PRELOAD = {"plain": ["torch"], "emulated": ["torch", "course.__main__", "torch.distributed.tensor"]}
+BWRAP = shutil.which("bwrap")
+TIMEOUT_S = 300
 
 
 def serve(mode: str) -> dict:
@@ -55,11 +67,12 @@ def serve(mode: str) -> dict:
     sys.exit(0)
 
 
-def run(mode: str, argv: list[str]) -> None:
-    """The program, as its command line would run it."""
+def run(mode: str, argv: list[str], cwd: str | None) -> None:
+    """The program, as its command line would run it: `python PROGRAM` puts the program's folder first on sys.path,
+    `python -m course` the working directory."""
     program = os.path.abspath(argv[0])
-    os.chdir(os.path.dirname(program))
-    sys.path[0] = os.path.dirname(program)
+    os.chdir(cwd or os.path.dirname(program))
+    sys.path[0] = os.getcwd() if mode == "emulated" else os.path.dirname(program)
     if mode == "emulated":
         from course.__main__ import main
         main(["--gpus", "4", *argv])
@@ -68,6 +81,68 @@ def run(mode: str, argv: list[str]) -> None:
         runpy.run_path(program, run_name="__main__")
 
 
+class Zygote:
+    """A corpus_zygote.py process (see there): each run is a fork of it, one at a time. With `own_network`, it and
+    so every run it starts live in a network namespace of their own (bubblewrap, loopback only), so that
+    hard-coded rendezvous ports cannot collide with the other run going on at the same time."""
+
+    def __init__(self, mode: str, own_network: bool = False, env: dict | None = None):
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
+            env["PYTHONWARNINGS"] = "ignore"
+        command = [sys.executable, os.path.abspath(__file__), mode]
+        launch = [BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"] + command \
+            if own_network else command
+        self.mode, self.buffer, self.running = mode, b"", None
+        self.process = subprocess.Popen(launch, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        cwd=os.path.dirname(command[1]), env=env)
+
+    def _message(self, deadline: float | None = None) -> dict:
+        while b"\n" not in self.buffer:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.process.stdout], [], [], wait)[0]:
+                raise TimeoutError
+            data = os.read(self.process.stdout.fileno(), 1 << 16)
+            assert data, f"the {self.mode} corpus zygote exited {self.process.wait()} (its stderr is above)"
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def start(self, program: Path, folder: Path, args: tuple[str, ...] = (), cwd: Path | None = None) -> None:
+        """Start a program with `args`, in `cwd` (by default its own folder); it writes its output to files in
+        `folder`."""
+        self.output = folder / f"{self.mode}.out", folder / f"{self.mode}.err"
+        self.process.stdin.write((json.dumps({"argv": [str(program), *args], "stdout": str(self.output[0]),
+                                              "stderr": str(self.output[1]),
+                                              "cwd": cwd and str(cwd)}) + "\n").encode())
+        self.process.stdin.flush()
+        self.running = self._message()["pid"]
+
+    def finish(self) -> tuple[int, str, str]:
+        """Wait for the run (killed after TIMEOUT_S seconds): its return code, stdout and stderr."""
+        try:
+            returncode = self._message(time.monotonic() + TIMEOUT_S)["exited"]
+        except TimeoutError:
+            self._kill()
+            returncode = self._message()["exited"]
+        self.running = None
+        return returncode, self.output[0].read_text(), self.output[1].read_text()
+
+    def _kill(self) -> None:
+        try:
+            os.kill(self.running, signal.SIGKILL)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+
+    def close(self) -> None:
+        if self.running is not None:  # a test that failed before waiting for its run
+            self._kill()
+            self._message()
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    run(mode, serve(mode)["argv"])
+    request = serve(mode)
+    run(mode, request["argv"], request.get("cwd"))

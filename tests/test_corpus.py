@@ -10,82 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import select
-import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from corpus_zygote import BWRAP, Zygote
+
 CORPUS = Path(__file__).parent / "corpus"
 PROGRAMS = sorted(CORPUS.glob("*.py"))
 DEFAULT_TOLERANCE = (1e-4, 1e-5)
-
-
-BWRAP = shutil.which("bwrap")
-ZYGOTE = Path(__file__).parent / "corpus_zygote.py"
-TIMEOUT_S = 300
-
-
-class Zygote:
-    """A corpus_zygote.py process (see there): each run is a fork of it, one at a time. With `own_network`, it and
-    so every run it starts live in a network namespace of their own (bubblewrap, loopback only), so that
-    hard-coded rendezvous ports cannot collide with the other run going on at the same time."""
-
-    def __init__(self, mode: str, own_network: bool = False):
-        env = {k: v for k, v in os.environ.items() if k != "COURSE_EMULATE"}
-        env["PYTHONWARNINGS"] = "ignore"
-        command = [sys.executable, str(ZYGOTE), mode]
-        launch = [BWRAP, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"] + command \
-            if own_network else command
-        self.mode, self.buffer, self.running = mode, b"", None
-        self.process = subprocess.Popen(launch, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=CORPUS, env=env)
-
-    def _message(self, deadline: float | None = None) -> dict:
-        while b"\n" not in self.buffer:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self.process.stdout], [], [], wait)[0]:
-                raise TimeoutError
-            data = os.read(self.process.stdout.fileno(), 1 << 16)
-            assert data, f"the {self.mode} corpus zygote exited {self.process.wait()} (its stderr is above)"
-            self.buffer += data
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def start(self, program: Path, folder: Path) -> None:
-        """Start a program; it writes its output to files in `folder`."""
-        self.output = folder / f"{self.mode}.out", folder / f"{self.mode}.err"
-        self.process.stdin.write((json.dumps({"argv": [str(program)], "stdout": str(self.output[0]),
-                                              "stderr": str(self.output[1])}) + "\n").encode())
-        self.process.stdin.flush()
-        self.running = self._message()["pid"]
-
-    def finish(self) -> tuple[int, str, str]:
-        """Wait for the run (killed after TIMEOUT_S seconds): its return code, stdout and stderr."""
-        try:
-            returncode = self._message(time.monotonic() + TIMEOUT_S)["exited"]
-        except TimeoutError:
-            self._kill()
-            returncode = self._message()["exited"]
-        self.running = None
-        return returncode, self.output[0].read_text(), self.output[1].read_text()
-
-    def _kill(self) -> None:
-        try:
-            os.kill(self.running, signal.SIGKILL)
-        except ProcessLookupError:  # it ended meanwhile
-            pass
-
-    def close(self) -> None:
-        if self.running is not None:  # a test that failed before waiting for its run
-            self._kill()
-            self._message()
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 # Plain PyTorch, emulator or not: now and then a torchrun rank aborts while its interpreter shuts down, after its
