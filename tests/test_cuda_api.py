@@ -214,6 +214,23 @@ def test_new_and_legacy_constructors_land_on_the_gpu(emu):
     assert not isinstance(torch.tensor([1, 2]), torch.cuda.LongTensor)
 
 
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
+    """`torch.set_default_tensor_type(torch.cuda.DoubleTensor)` (deprecated, still in PyTorch's tests) sets the dtype
+    and puts new tensors on the current GPU; a CPU type, or its name, brings them back to the host."""
+    saved = torch.tensor([]).type()
+    torch.set_default_tensor_type(torch.cuda.DoubleTensor)
+    try:
+        made = torch.zeros(2)
+        assert (made.device, made.dtype, made.type()) == (torch.device("cuda", 0), torch.float64,
+                                                          "torch.cuda.DoubleTensor")
+        with pytest.raises(TypeError, match="only floating-point types are supported as the default type"):
+            torch.set_default_tensor_type(torch.cuda.IntTensor)
+    finally:
+        torch.set_default_tensor_type(saved)
+    assert (torch.tensor(0.5).device, torch.get_default_dtype()) == (torch.device("cpu"), torch.float32)
+
+
 # -- random numbers ------------------------------------------------------------------------------------
 def test_rng_state_round_trips_and_equals_plain_cpu_torch(emu):
     torch.manual_seed(0)
@@ -297,6 +314,7 @@ def test_a_generator_of_the_other_device_type_is_refused_as_aten_refuses_it(emu)
     assert torch.multinomial(on_gpu, 2, generator=cuda_gen).device.type == "cuda"
     assert torch.randn(2, device="cuda", generator=torch.cuda.default_generators[0]).device.type == "cuda"
     assert torch.randn(2, generator=cpu_gen).device.type == "cpu"
+    assert torch.randperm(0, device="cuda", generator=cpu_gen).device.type == "cuda"  # draws nothing: no check
 
 
 def test_generator_and_seeds_are_restored_after_the_emulator():
@@ -876,14 +894,15 @@ def test_deterministic_mode_wants_the_cublas_workspace_setting(emu, deterministi
 
 def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, deterministic, monkeypatch):
     """On CUDA tensors in deterministic mode F.interpolate (linear modes), F.pad(mode="replicate") and F.max_pool3d run
-    a torch._decomp decomposition that makes index tensors on the input's device: the same numbers as on the CPU."""
+    a torch._decomp decomposition that makes index tensors on the input's device: the same numbers as on the CPU.
+    F.pad(mode="reflect") in 2-D runs CUDA's deterministic backward kernel."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
 
     def run(device):
         torch.manual_seed(0)
         x = torch.randn(1, 2, 4, 4, device=device, requires_grad=True)
         y = nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
-        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate")
+        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate") + nn.functional.pad(x, (2, 2, 2, 2), mode="reflect")
         (y.sum() + nn.functional.max_pool3d(x[None], 2).sum()).backward()
         return y.detach().cpu(), x.grad.cpu()
 

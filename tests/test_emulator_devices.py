@@ -576,6 +576,45 @@ def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
     assert torch.histc(x, bins=4).device == torch.device("cuda", 0)
 
 
+def test_as_tensor_and_asarray_copy_to_a_gpu_and_alias_only_where_the_data_is(emu):
+    """`torch.as_tensor(array, device="cuda")` owns GPU memory, as on a GPU box: a later write to the array, the host
+    tensor or another GPU's tensor leaves it as it was (the values used to be shared). On its own device a GPU tensor
+    is returned as it is, and `asarray(..., copy=False)` refuses to cross devices with ATen's ValueError."""
+    array, host = numpy.arange(3, dtype=numpy.float32), torch.arange(3.0)
+    made = [torch.as_tensor(array, device="cuda"), torch.asarray(array, device="cuda:1"),
+            torch.as_tensor(host, device="cuda:2"), torch.asarray(host, device="cuda")]
+    gpu = torch.arange(3.0).to("cuda:0")
+    made += [torch.as_tensor(gpu, device="cuda:1"), torch.asarray(gpu, device="cuda:2")]
+    array[:], gpu[:] = 7, 7
+    host.fill_(7)
+    assert [t.cpu().tolist() for t in made] == [torch.arange(3.0).tolist()] * 6
+    assert [t.device.index for t in made] == [0, 1, 2, 0, 1, 2]
+    assert torch.as_tensor(gpu, device="cuda:0") is gpu and torch.asarray(gpu, device="cuda", copy=False) is gpu
+    with pytest.raises(ValueError, match=r"^can't alias tensor from device 'cuda:0' to 'cpu'\.$"):
+        torch.asarray(gpu, device="cpu", copy=False)
+    with pytest.raises(ValueError, match=r"^can't alias tensor from device 'cpu' to 'cuda:1'\.$"):
+        torch.asarray(host, device="cuda:1", copy=False)
+
+
+def test_factories_with_out_write_into_it_and_check_only_the_device_type(emu):
+    """`torch.zeros(n, device=..., out=buf)` writes into `buf` where it is; PyTorch's bindings compare only the
+    device type with `out`'s. `torch.range`, whose binding skips torch-function modes, makes GPU tensors too, and
+    `.cuda("cpu")` is refused as on a GPU box."""
+    buf = torch.full((5,), 3.0, device="cuda:1")
+    assert torch.zeros(2, 2, device="cuda:0", out=buf) is buf
+    assert buf.device == torch.device("cuda", 1) and buf.cpu().tolist() == torch.zeros(2, 2).tolist()
+    perm = torch.empty(0, dtype=torch.long, device="cuda")
+    torch.randperm(6, device="cuda", out=perm)
+    assert sorted(perm.cpu().tolist()) == list(range(6))
+    with pytest.raises(RuntimeError, match=r"^device type cpu does not match device type of out parameter \(cuda\)$"):
+        torch.ones(2, device="cpu", out=buf)
+    with pytest.warns(UserWarning, match="torch.range is deprecated"):
+        made = torch.range(0, 3, device="cuda:2")
+    assert made.device == torch.device("cuda", 2) and made.cpu().tolist() == torch.arange(4.0).tolist()
+    with pytest.raises(RuntimeError, match="^Invalid device, must be cuda device$"):
+        torch.tensor(5).cuda("cpu")
+
+
 def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_moves(emu):
     """`torch.zeros_like(gpu_x, device="cpu")`, `gpu_x.new_zeros(n, device="cpu")` and `torch.as_tensor(gpu_x,
     device="cpu")` make host tensors (they came out on the GPU), and `x.type_as(y)` takes y's device as well as its

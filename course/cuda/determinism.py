@@ -5,9 +5,10 @@ on a GPU box. Each op listed below raises PyTorch's own error, with the caller n
 `at::Context::alertNotDeterministic` (aten/src/ATen/Context.cpp), under the conditions the kernel checks; with
 `warn_only=True` it warns instead. The list is the one torch.use_deterministic_algorithms documents as raising on CUDA
 (ops it documents as raising everywhere, such as `put_` without accumulate or MaxUnpool, already raise in the CPU
-kernel). Every cuBLAS matmul calls `alertCuBLASConfigNotDeterministic` (aten/src/ATen/cuda/CUDABlas.cpp), which raises
-unless CUBLAS_WORKSPACE_CONFIG is ":4096:8" or ":16:8"; PyTorch reads the variable once, at the first cuBLAS call of
-the process, and so does this.
+kernel); ReflectionPad2d's backward, which the list still names, has a deterministic CUDA kernel
+(aten/src/ATen/native/cuda/ReflectionPad.cu) and runs. Every cuBLAS matmul calls `alertCuBLASConfigNotDeterministic`
+(aten/src/ATen/cuda/CUDABlas.cpp), which raises unless CUBLAS_WORKSPACE_CONFIG is ":4096:8" or ":16:8"; PyTorch
+reads the variable once, at the first cuBLAS call of the process, and so does this.
 """
 from __future__ import annotations
 
@@ -114,7 +115,6 @@ ALERTS = {
     aten.upsample_bicubic2d_backward: _always("upsample_bicubic2d_backward_out_cuda"),
     aten.upsample_trilinear3d_backward: _always("upsample_trilinear3d_backward_out_cuda"),
     aten.reflection_pad1d_backward: _always("reflection_pad1d_backward_out_cuda"),
-    aten.reflection_pad2d_backward: _always("reflection_pad2d_backward_cuda"),
     aten.reflection_pad3d_backward: _always("reflection_pad3d_backward_out_cuda"),
     aten.nll_loss2d_forward: _when("nll_loss2d_forward_out_cuda_template", lambda n: n["reduction"] != 0),
     aten._ctc_loss_backward: _always("ctc_loss_backward_gpu"),

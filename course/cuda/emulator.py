@@ -140,7 +140,8 @@ class Emulator:
         self._patch(torch._C, {"_group_tensors_by_device_and_dtype": kernels.group_tensors_by_device_and_dtype})
         for target, replacements in cuda_api.module_patches(self.physical_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
-        self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        self._patch(torch, {"device": interception.device,  # torch.device(1) is cuda:1, as on a GPU box
+                            "range": interception.factory_range})
         self._patch(torch.fx.graph, interception.fx_graph_patches())  # and in FX's generated code
         for target, replacements in build_info.PATCHES:  # torch.version.cuda, cudnn.version(): a CUDA build's
             self._patch(target, replacements)

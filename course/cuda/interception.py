@@ -13,7 +13,7 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
+from course.cuda import (aliasing_factories, attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
                          subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
@@ -82,6 +82,8 @@ def _create_on_device(func, device, args, kwargs):
             return func(*args, **dict(kwargs, device=torch.device("cuda", index)))
     requires_grad = kwargs.pop("requires_grad", False)
     kwargs.pop("pin_memory", None)
+    if func in aliasing_factories.ALIASING:
+        aliasing_factories.refuse_host_alias(func, args, kwargs, index)
     args = tuple(_unwrap(a) for a in args)
     # and keyword ones: `linspace(start=gpu_scalar, ...)` (torch.signal.windows.kaiser) made a GPU tensor inside a GPU
     # tensor, whose .cpu() stayed on the GPU
@@ -91,6 +93,8 @@ def _create_on_device(func, device, args, kwargs):
         nbytes = shape_only.numel() * shape_only.element_size()
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
         inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
+        if func in aliasing_factories.ALIASING and emu.materialize:
+            inner = inner.clone()  # as_tensor/asarray alias host data; a GPU tensor owns its memory
     if func in _FROM_HOST_DATA:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
@@ -213,6 +217,8 @@ def _in_memory_format(tensor, memory_format):
 
 def _cuda(self, device=None, non_blocking=False, memory_format=None):
     emu = current_emulator(".cuda()")
+    if device is not None and not _is_index(device) and torch.device(device).type != "cuda":
+        raise RuntimeError("Invalid device, must be cuda device")
     index = emu.current_device() if device is None else parse_device(device, emu)
     return _in_memory_format(move(self, index, non_blocking), memory_format)
 
@@ -558,6 +564,8 @@ def _check_generator(func, args, kwargs, generator):
     generator that `torch.cuda.default_generators` holds here (course/cuda/rng.py) stands for a CUDA one."""
     if any(generator is d for d in torch.cuda.default_generators):
         return
+    if func is torch.randperm and args and args[0] == 0:  # randperm of nothing draws nothing, on any generator
+        return
     device = kwargs.get("device")
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
@@ -576,6 +584,9 @@ def _route_torch_function(func, args, kwargs):
     generator = kwargs.get("generator")
     if generator is not None:
         _check_generator(func, args, kwargs, generator)
+    if func in aliasing_factories.ALIASING and args and isinstance(args[0], EmulatedTensor) \
+            and args[0]._device_index != CPU and kwargs.get("device") is not None:
+        return aliasing_factories.from_gpu_tensor(func, args[0], kwargs)
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
     elif func in _FROM_HOST_DATA and args and isinstance(args[0], EmulatedTensor) and _names_host(kwargs.get("device")):
@@ -586,6 +597,9 @@ def _route_torch_function(func, args, kwargs):
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
+    if device is not None and isinstance(kwargs.get("out"), torch.Tensor):  # the kernel writes into `out`, where it is
+        _check_out_device(device, kwargs["out"])
+        device, kwargs = None, {k: v for k, v in kwargs.items() if k != "device"}
     if device is not None and func in _FILLED_LIKE and args and _dtensor(args[0]):
         return _dtensor_shaped_like(func, args, kwargs)
     if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
@@ -598,6 +612,22 @@ def _route_torch_function(func, args, kwargs):
             return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def _check_out_device(device, out: torch.Tensor) -> None:
+    """A factory's `device=` beside `out=`: PyTorch's Python bindings compare only its type with `out`'s
+    (check_out_type_matches, torch/csrc/utils/out_types.cpp); C++ would compare it with the wrapper's CPU device."""
+    wanted = "cuda" if _is_index(device) else torch.device(device).type
+    if wanted != out.device.type:
+        raise RuntimeError(f"device type {wanted} does not match device type of out parameter ({out.device.type})")
+
+
+_range = torch.range
+
+
+def factory_range(*args, **kwargs):
+    """`torch.range` (deprecated): its Python binding skips torch-function modes, so `device="cuda"` reached C++."""
+    return handle_torch_function(_range, args, kwargs)
 
 
 class EmulatorMode(TorchFunctionMode):
