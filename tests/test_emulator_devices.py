@@ -167,6 +167,23 @@ def test_state_dict_save_load_and_deepcopy(emu, tmp_path):
     torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu())
 
 
+def test_copies_share_memory_where_pytorchs_copies_share_it(emu):
+    """`copy.copy(x)` is a new leaf on x's memory; `copy.deepcopy` of tensors that share memory (a view, a storage)
+    gives copies that share their new memory, as plain CPU torch's do (each used to get values of its own)."""
+    def run(device):
+        x = torch.arange(4.0, device=device).requires_grad_()
+        shallow = copy.copy(x)
+        with torch.no_grad():
+            shallow.mul_(10)
+        a, b = torch.arange(6.0, device=device).view(2, 3), torch.ones(2, device=device)
+        deep = copy.deepcopy([a, a[1], a.untyped_storage(), b])
+        deep[0].add_(1)
+        return [shallow.requires_grad, shallow.is_leaf, x.tolist(), deep[1].tolist(), a.tolist(),
+                torch.empty(0, device=device).set_(deep[2]).tolist(), deep[3].device.type]
+
+    assert run("cuda:1") == run("cpu")[:-1] + ["cuda"]
+
+
 def test_saved_tensors_load_on_the_cpu_outside_the_emulator():
     """A file saved on emulated GPUs is a CUDA checkpoint: a CPU-only machine loads it with map_location="cpu"."""
     buffer = io.BytesIO()
@@ -192,6 +209,9 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         a + torch.ones(2)
     with pytest.raises(RuntimeError, match="same device"):
         nn.Linear(2, 2).to("cuda:1")(a)
+    with pytest.raises(RuntimeError, match=r"^torch.block_diag: input tensors must all be on the same device. Input 0 "
+                                           r"is on device cuda:1 and input 2 is on device cpu$"):
+        torch.block_diag(b, b, torch.tensor(3.0))  # its own check: a 0-dim host tensor does not join the GPU
 
 
 def test_gpu_indices_into_a_host_tensor_raise_as_on_a_gpu(emu):

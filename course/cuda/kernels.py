@@ -17,9 +17,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, graphs, host_only_ops, kernel_dtypes,
                          quantized, sync_debug)
-from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, parse_device, sparse_parts, wrap
+from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
-from course.cuda.transfers import _raw_move, copy_into, moving_to_host, read_scalar
+from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
 from course.machine import costs
 
 
@@ -166,6 +166,8 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
     DDP's gradient buckets) makes plain CPU tensors that stand for memory on the op's GPU: those join
     the GPU too, and the second result says so (see `host_scratch`).
     """
+    if func is _BLOCK_DIAG:
+        _check_block_diag_devices(tensors)
     device, scratch = None, False
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
@@ -185,6 +187,18 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
         else:
             raise device_mismatch(device, index)
     return device, scratch
+
+
+_BLOCK_DIAG = torch.ops.aten.block_diag.default
+
+
+def _check_block_diag_devices(tensors) -> None:
+    """block_diag compares each input's device with the first's itself (0-dim CPU tensors too), in its own words."""
+    first = device_of(tensors[0])
+    for position, tensor in enumerate(tensors[1:], 1):
+        if device_of(tensor) != first:
+            raise RuntimeError(f"torch.block_diag: input tensors must all be on the same device. Input 0 is on device "
+                               f"{device_name(first)} and input {position} is on device {device_name(device_of(tensor))}")
 
 
 # CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put); a CPU
