@@ -852,8 +852,10 @@ def test_deterministic_mode_raises_what_cuda_kernels_raise(emu, deterministic):
         "_histc_cuda": lambda: torch.histc(x),
         "median CUDA with indices output": lambda: x.median(1),
         "put_": lambda: torch.zeros(4, device="cuda").put_(index, torch.ones(3, device="cuda"), accumulate=True),
-        "adaptive_avg_pool2d_backward_out_cuda": lambda: nn.functional.adaptive_avg_pool2d(
+        "adaptive_avg_pool2d_backward_cuda": lambda: nn.functional.adaptive_avg_pool2d(
             x.view(1, 1, 4, 4).requires_grad_(), 2).sum().backward(),
+        "fractional_max_pool3d_backward_cuda": lambda: nn.functional.fractional_max_pool3d(
+            torch.randn(1, 1, 3, 3, 3, device="cuda", requires_grad=True), 2, output_size=1).sum().backward(),
         "embedding_bag_backward_cuda_max": lambda: nn.functional.embedding_bag(
             index, x.clone().requires_grad_(), torch.tensor([0], device="cuda"), mode="max").sum().backward(),
     }

@@ -79,6 +79,12 @@ def _always(caller: str):
     return lambda func, args, kwargs: _not_deterministic(caller)
 
 
+def _functional_or_out(kernel: str):
+    """A CUDA kernel pair that alerts as `<kernel>_cuda`, and as `<kernel>_out_cuda` for its out= overload."""
+    return lambda func, args, kwargs: _not_deterministic(
+        f"{kernel}_cuda" if func._overloadname == "default" else f"{kernel}_out_cuda")
+
+
 def _when(caller: str, condition):
     def check(func, args, kwargs):
         if condition(_named(func, args, kwargs)):
@@ -105,11 +111,12 @@ ALERTS = {
     aten.bmm: _gemm("self", "mat2"), aten.baddbmm: _gemm("batch1", "batch2"), aten.addbmm: _gemm("batch1", "batch2"),
     aten.mv: _gemm("self", "vec"), aten.addmv: _gemm("mat", "vec"),
     aten.avg_pool3d_backward: _always("avg_pool3d_backward_cuda"),
-    aten._adaptive_avg_pool2d_backward: _always("adaptive_avg_pool2d_backward_out_cuda"),
-    aten._adaptive_avg_pool3d_backward: _always("adaptive_avg_pool3d_backward_out_cuda"),
-    aten.adaptive_max_pool2d_backward: _always("adaptive_max_pool2d_backward_out_cuda"),
+    # autograd calls the functional kernels, which alert under their own names (the out= ones say "_out_cuda")
+    aten._adaptive_avg_pool2d_backward: _always("adaptive_avg_pool2d_backward_cuda"),
+    aten._adaptive_avg_pool3d_backward: _always("adaptive_avg_pool3d_backward_cuda"),
+    aten.adaptive_max_pool2d_backward: _always("adaptive_max_pool2d_backward_cuda"),
     aten.fractional_max_pool2d_backward: _always("fractional_max_pool2d_backward_cuda"),
-    aten.fractional_max_pool3d_backward: _always("fractional_max_pool3d_backward_out_cuda"),
+    aten.fractional_max_pool3d_backward: _functional_or_out("fractional_max_pool3d_backward"),
     aten.upsample_linear1d_backward: _always("upsample_linear1d_backward_out_cuda"),
     aten.upsample_bilinear2d_backward: _always("upsample_bilinear2d_backward_out_cuda"),
     aten.upsample_bicubic2d_backward: _always("upsample_bicubic2d_backward_out_cuda"),
