@@ -1098,10 +1098,13 @@ def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
     """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
-    synchronize and nonzero or boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain
-    kernels; 'error' raises;
+    synchronize, nonzero, boolean-mask indexing and assignment, repeat_interleave without output_size (sized by
+    the GPU's data) and host index tensors (copied over from pageable memory), not at non-blocking copies, plain
+    kernels, GPU index tensors or an output_size given; 'error' raises;
     'default' is silent, and get_sync_debug_mode gives the mode back as PyTorch's integer."""
     x = torch.randn(64, 64).cuda()
+    rows, repeats = torch.tensor([0, 2], device="cuda"), torch.tensor([2, 1], device="cuda")
+    host_rows = rows.cpu()
     torch.cuda.set_sync_debug_mode("warn")
     assert torch.cuda.get_sync_debug_mode() == 1
     with warnings.catch_warnings(record=True) as quiet:
@@ -1109,9 +1112,12 @@ def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
         y = x @ x
         x.to("cuda:1", non_blocking=True)
         torch.randn(8).to("cuda", non_blocking=True)
+        y[rows], y[rows] = y[rows] * 2, 0.0
+        torch.repeat_interleave(y[:2], repeats, dim=0, output_size=3)
     assert not [w for w in quiet if "synchronizing" in str(w.message)]
     for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu(),
-                    lambda: torch.cuda.current_stream().synchronize()):
+                    lambda: torch.cuda.current_stream().synchronize(), lambda: y[host_rows],
+                    lambda: y.index_put_((y > 0,), y[0, 0]), lambda: torch.repeat_interleave(y[:2], repeats, dim=0)):
         with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
             syncing()
     torch.cuda.set_sync_debug_mode("error")

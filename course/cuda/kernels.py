@@ -107,8 +107,7 @@ class _OpInfo:
                                 torch.ops.aten.convolution.default, _LAYOUT, _TO_COPY) or \
             func in foreach_devices.PACKED_SCALARS
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
-        self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
-                                or func is torch.ops.aten.index.Tensor)
+        self.sizes_from_data = func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS or func in sync_debug.SOMETIMES
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
@@ -387,7 +386,7 @@ def run_kernel(emu, func, args, kwargs):
         if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:
             return _traced_convolution(emu, args)
     if info.sizes_from_data and emu.sync_debug_mode and device not in (None, CPU) and \
-            sync_debug.is_data_dependent(func, args):
+            sync_debug.is_data_dependent(func, args, kwargs):
         sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)
