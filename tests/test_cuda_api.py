@@ -206,7 +206,12 @@ def test_new_and_legacy_constructors_land_on_the_gpu(emu):
     assert x.new_tensor([1]).device == x.device and x.new_zeros(2).device == x.device
     assert torch.ones(2).new([1.0]).device.type == "cpu"
     torch.cuda.set_device(2)
-    floats = torch.cuda.FloatTensor(4)
+    torch.set_warn_always(True)  # PyTorch warns once a process
+    try:
+        with pytest.warns(UserWarning, match=r"^The torch.cuda.\*DtypeTensor constructors are no longer recommended"):
+            floats = torch.cuda.FloatTensor(4)
+    finally:
+        torch.set_warn_always(False)
     assert floats.device == torch.device("cuda", 2) and floats.dtype == torch.float32 and floats.shape == (4,)
     longs = torch.cuda.LongTensor([1, 2])
     assert longs.dtype == torch.int64 and longs.cpu().tolist() == [1, 2]
