@@ -1100,7 +1100,8 @@ def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
     """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
     synchronize, nonzero, boolean-mask indexing and assignment, repeat_interleave without output_size (sized by
     the GPU's data) and host index tensors (copied over from pageable memory), not at non-blocking copies, plain
-    kernels, GPU index tensors or an output_size given; 'error' raises;
+    kernels, GPU index tensors, a mask filled with a number (ATen's masked_fill_) or an output_size given; 'error'
+    raises;
     'default' is silent, and get_sync_debug_mode gives the mode back as PyTorch's integer."""
     x = torch.randn(64, 64).cuda()
     rows, repeats = torch.tensor([0, 2], device="cuda"), torch.tensor([2, 1], device="cuda")
@@ -1112,7 +1113,7 @@ def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
         y = x @ x
         x.to("cuda:1", non_blocking=True)
         torch.randn(8).to("cuda", non_blocking=True)
-        y[rows], y[rows] = y[rows] * 2, 0.0
+        y[rows], y[rows], y[y > 5] = y[rows] * 2, 0.0, 5.0
         torch.repeat_interleave(y[:2], repeats, dim=0, output_size=3)
     assert not [w for w in quiet if "synchronizing" in str(w.message)]
     for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu(),

@@ -55,6 +55,18 @@ def is_data_dependent(func, args, kwargs) -> bool:
         return True
     if func is aten.repeat_interleave.Tensor:
         return kwargs.get("output_size") is None
-    return func in _INDEXING and any(
+    return func in _INDEXING and not _masked_fill(func, args, kwargs) and any(
         isinstance(i, torch.Tensor) and (i.dtype in (torch.bool, torch.uint8) or i.device.type == "cpu")
         for i in (args[1] or ()))
+
+
+def _masked_fill(func, args, kwargs) -> bool:
+    """`x[mask] = 1.0`: ATen's index_put_ runs masked_fill_ for one mask on x's device and a one-element host value
+    (canDispatchToMaskedFill, aten/src/ATen/native/TensorAdvancedIndexing.cpp), which does not wait."""
+    if func is aten.index.Tensor:
+        return False
+    self, indices, value = args[:3]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    masks = [i for i in indices if i is not None]
+    return (not accumulate and value.numel() == 1 and value.device.type == "cpu" and len(masks) == 1
+            and masks[0].dtype in (torch.bool, torch.uint8) and masks[0].device == self.device)
