@@ -243,6 +243,25 @@ def test_storages_of_gpu_tensors_are_on_the_gpu(emu):
     assert host.is_shared()
 
 
+def test_storages_made_on_a_gpu_hold_what_cpu_storages_hold():
+    """`torch.UntypedStorage(n, device="cuda")`, `torch.TypedStorage(data, device="cuda")` and
+    `torch.cuda.FloatStorage(n)` are GPU storages (C++ knew no 'cuda' device: "Storage device not recognized"),
+    written and read as CPU torch's; once the emulator stops, storages are CPU torch's again."""
+    def run(device, legacy):
+        made = legacy(4)
+        made[:] = 0
+        made[1] = 5
+        return [torch.UntypedStorage(8, device=device).nbytes(), torch.UntypedStorage([1, 2], device=device).tolist(),
+                torch.TypedStorage([1, 2], dtype=torch.float, device=device).tolist(), made.tolist()]
+
+    want = run("cpu", torch.FloatStorage)
+    with course.emulate(gpus=2):
+        assert torch.cuda.FloatStorage(2).device == torch.device("cuda", 0)
+        assert torch.UntypedStorage(4, device="cuda:1").device == torch.device("cuda", 1)
+        assert run("cuda:1", torch.cuda.FloatStorage) == want
+    assert torch.UntypedStorage(4).device.type == "cpu" and run("cpu", torch.FloatStorage) == want
+
+
 def test_python_functions_that_make_tensors_on_their_inputs_device():
     def run(device):
         torch.manual_seed(0)
