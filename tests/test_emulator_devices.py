@@ -104,6 +104,21 @@ def test_training_on_a_fake_gpu_equals_cpu_training(optimizer_cls):
         torch.testing.assert_close(got[name], expected[name])
 
 
+def test_moving_a_meta_tensor_raises_as_pytorch_does(emu):
+    """A meta tensor has no values: `.to("cuda")`, `.cuda()`, `.cpu()` and `nn.Module.to` raise PyTorch's
+    NotImplementedError (with to_empty's hint for modules), as plain CPU torch's `.cpu()` does; they made a GPU
+    tensor of nothing, or returned the meta tensor."""
+    meta = torch.empty(2, device="meta")
+    for move in (lambda: meta.to("cuda"), lambda: meta.cuda(1), lambda: meta.cpu(), lambda: meta.to("cpu")):
+        with pytest.raises(NotImplementedError, match="^Cannot copy out of meta tensor; no data!$"):
+            move()
+    with torch.device("meta"):
+        layer = nn.Linear(2, 2)
+    with pytest.raises(NotImplementedError, match="Please use torch.nn.Module.to_empty"):
+        layer.to("cuda")
+    assert layer.to_empty(device="cuda").weight.device == torch.device("cuda", 0)
+
+
 def test_module_to_and_cuda_move_parameters_and_keep_them_parameters(emu):
     model = nn.Linear(4, 2)
     model.cuda(2)
