@@ -311,7 +311,7 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
 def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
     forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d and antialiased resizes, abs
-    and trace of bool, `copy` given positionally to Tensor.to."""
+    and trace of bool, `copy` given positionally to Tensor.to; and half grid_sample, which the CPU computes in half."""
     gen = torch.Generator().manual_seed(0)
     x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
     for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
@@ -337,6 +337,16 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
         resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
         torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
                                                                 mode="bilinear", antialias=True).to(half))
+        # grid_sample interpolates in float on a GPU (GridSampler.cu's opmath); the CPU kernel did it in half
+        image, grid = torch.randn(2, 3, 8, 8, generator=gen), torch.rand(2, 5, 5, 2, generator=gen) * 2 - 1
+        on_gpu = image.to(half).cuda().requires_grad_()
+        sampled = F.grid_sample(on_gpu, grid.to(half).cuda(), align_corners=False)
+        reference = image.to(half).float().requires_grad_()
+        expected = F.grid_sample(reference, grid.to(half).float(), align_corners=False)
+        torch.testing.assert_close(sampled.cpu(), expected.to(half), atol=0, rtol=0)
+        sampled.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(on_gpu.grad.cpu(), reference.grad.to(half), atol=0, rtol=0)
     flags = torch.tensor([[True, False], [True, True]])
     assert torch.equal(torch.abs(flags.cuda()).cpu(), flags)
     assert torch.trace(flags.cuda()).dtype == torch.int64 and torch.trace(flags.cuda()).item() == 2
