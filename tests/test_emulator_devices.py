@@ -229,6 +229,24 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         torch.block_diag(b, b, torch.tensor(3.0))  # its own check: a 0-dim host tensor does not join the GPU
 
 
+def test_ctc_loss_takes_host_int32_targets_where_cudnn_takes_them(emu):
+    """F.ctc_loss with GPU log-probs and int32 targets on the host runs on a GPU box (cuDNN's CTC, which
+    `_use_cudnn_ctc_loss` picks when every input is full length and blank is 0): CPU torch's losses and gradients;
+    long host targets, which the native GPU kernel gets, still mix devices."""
+    gen = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(12, 3, 6, generator=gen).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, 6, (9,), generator=gen, dtype=torch.int32)
+    on_gpu = log_probs.detach().cuda().requires_grad_()
+    loss = F.ctc_loss(on_gpu, targets, [12] * 3, [3, 4, 2], reduction="sum")
+    expected = F.ctc_loss(log_probs, targets, [12] * 3, [3, 4, 2], reduction="sum")
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(loss.cpu(), expected)
+    torch.testing.assert_close(on_gpu.grad.cpu(), log_probs.grad)
+    with pytest.raises(RuntimeError, match="same device"):
+        F.ctc_loss(on_gpu, targets.long(), [12] * 3, [3, 4, 2])
+
+
 def test_gpu_indices_into_a_host_tensor_raise_as_on_a_gpu(emu):
     """`host_table[gpu_ids]` (a diffusion scheduler's alphas_cumprod[timesteps]) fails on a GPU box with the index
     op's own check: it ran here and gave a GPU tensor. A GPU tensor still takes host indices, and writes through

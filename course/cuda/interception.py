@@ -448,10 +448,23 @@ def _lengths_read_on_host(ctc_loss):
             # routed again, so that the call the C++ below sees was given no CPU tensor (kernels._from_torch_internals)
             return handle_torch_function(ctc_loss, (log_probs, targets, input_lengths.tolist(),
                                                     target_lengths.tolist()) + args, kwargs)
+        blank = args[0] if args else kwargs.get("blank", 0)
+        if _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank):
+            targets = targets.to(log_probs.device)
         with torch._C.DisableTorchFunctionSubclass():
             return ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
 
     return run
+
+
+def _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank) -> bool:
+    """Whether CUDA PyTorch runs cuDNN's CTC (`_use_cudnn_ctc_loss`, LossCTC.cpp), which takes int32 targets on the
+    host; the native kernel the emulator runs then gets them on the GPU, with the same losses and gradients."""
+    return (torch.backends.cudnn.enabled and blank == 0 and isinstance(targets, torch.Tensor) and targets.dim() == 1
+            and targets.dtype == torch.int32 and targets.device.type == "cpu" and targets.is_contiguous()
+            and log_probs.is_cuda and log_probs.dtype == torch.float32 and log_probs.dim() == 3
+            and all(length == log_probs.size(0) for length in input_lengths)
+            and all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths)))
 
 
 def _type(self, dtype=None, non_blocking=False, **kwargs):
