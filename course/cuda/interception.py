@@ -87,10 +87,10 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        shape_only = func(*args, **dict(kwargs, device="meta"))
+        shape_only = _sized(func, args, kwargs, emu.materialize)
         nbytes = shape_only.numel() * shape_only.element_size()
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
+        inner = _on_host(func, args, kwargs, nbytes) if emu.materialize and shape_only.is_meta else shape_only
     if func in _FROM_HOST_DATA:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
@@ -101,6 +101,18 @@ def _create_on_device(func, device, args, kwargs):
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
     return wrap(inner.detach(), index, block, requires_grad)
+
+
+_QUANTIZED = {torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+
+
+def _sized(func, args, kwargs, materialize: bool) -> torch.Tensor:
+    """The new tensor on the meta device, to size it before anything is allocated. Quantized factories
+    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA) have no meta kernel: their host
+    tensor, which holds the values anyway, is made first."""
+    if materialize and kwargs.get("dtype") in _QUANTIZED:
+        return func(*args, **dict(kwargs, device="cpu"))
+    return func(*args, **dict(kwargs, device="meta"))
 
 
 def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
@@ -354,6 +366,24 @@ def _set_data(self, new):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
 
 
+def _set_grad(self, grad):
+    """`tensor.grad = g` refuses a gradient on another device with THPVariable_set_grad's words: its C++ compares the
+    CPU devices emulated tensors have underneath, and took a GPU gradient for a host tensor, or one from another GPU."""
+    if isinstance(grad, torch.Tensor) and isinstance(self, torch.Tensor):
+        mine, theirs = device_of(self), device_of(grad)
+        if (mine == CPU) != (theirs == CPU):
+            raise RuntimeError(
+                f"attempting to assign a gradient with device type '{'cpu' if theirs == CPU else 'cuda'}' to a tensor "
+                f"with device type '{'cpu' if mine == CPU else 'cuda'}'. Please ensure that the gradient and the "
+                "tensor are on the same device")
+        if mine != theirs:
+            raise RuntimeError(
+                f"attempting to assign a gradient located on device with index '{theirs}' to a tensor located on "
+                f"device with index '{mine}'. Please ensure that the gradient and the tensor are on the same device")
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.grad.__set__(self, grad)
+
+
 def _take_gpu_tensor(host, gpu):
     """`host_tensor.data = gpu_tensor`, which `model.to("cuda")` runs when autograd still holds a parameter (a CPU
     forward pass's output alive, as tests keep their reference output): the tensor's Python object, which optimizers
@@ -384,7 +414,9 @@ def on_gradient_device(gradient, tensor):
     Backward formulas make some gradients from the input's sizes and options alone (`copysign`'s gradient for its
     sign argument, `sgn`'s, `normal`'s, `repeat` with a zero count: `at::zeros(sizes, options)`), and on a CPU
     build those options name the host. On a GPU that gradient is a GPU tensor, made by a fill kernel."""
-    if (gradient is None or isinstance(gradient, EmulatedTensor) or not isinstance(tensor, EmulatedTensor)
+    if isinstance(gradient, EmulatedTensor):
+        return _scalar_gradient_on_host(gradient, tensor)
+    if (gradient is None or not isinstance(tensor, EmulatedTensor)
             or tensor._device_index == CPU or gradient.layout is not torch.strided or _batched(gradient)):
         return gradient
     emu, index = current_emulator("gradient"), tensor._device_index
@@ -394,6 +426,15 @@ def on_gradient_device(gradient, tensor):
                                       costs.kernel_ns(emu.gpu, 0, nbytes, gradient.dtype, False, False), nbytes=nbytes)
     inner = gradient.detach() if emu.materialize else gradient.detach().to("meta")
     return wrap(inner, index, block)
+
+
+def _scalar_gradient_on_host(gradient: EmulatedTensor, tensor) -> torch.Tensor:
+    """A 0-dim CPU tensor used with GPU tensors (a scalar parameter, `x * a` with x on the GPU) has its gradient on
+    the CPU: the autograd engine moves a 0-dim gradient to its input's device (`validate_outputs`, engine.cpp),
+    which it cannot see here, where a GPU tensor's C++ device is the CPU too."""
+    if gradient.dim() == 0 and gradient._device_index != CPU and device_of(tensor) == CPU:
+        return gradient.to("cpu")
+    return gradient
 
 
 def _batched(gradient) -> bool:
@@ -494,6 +535,7 @@ _HANDLERS = {
     torch.Tensor.type_as: _type_as,
     torch.Tensor.data.__set__: _set_data,
     torch.Tensor.grad.__get__: _grad,
+    torch.Tensor.grad.__set__: _set_grad,
     torch.autograd.grad: _grad_of,
     torch.linalg.matrix_rank: _empty_result_on_device(torch.linalg.matrix_rank),
     torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
