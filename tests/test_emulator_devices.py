@@ -1233,3 +1233,30 @@ def test_grad_assignment_refuses_a_gradient_on_another_device(emu):
         x.grad = torch.ones(3, device="cuda:1")
     x.grad = torch.ones(3, device="cuda:0")
     assert x.grad.device == torch.device("cuda", 0)
+
+
+
+def _tensors_made_from_tensors(device, other):
+    torch.manual_seed(0)
+    x = torch.randn(3, device=device, requires_grad=True)
+    same, wider = torch.as_tensor(x, device=device), torch.as_tensor(x, dtype=torch.float64)
+    moved = torch.as_tensor(x, device=other)
+    values = torch.randn(2, 2, dtype=torch.float64, device=device, requires_grad=True)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2], [1, 0]]), values, (3, 2, 2), device=device)
+    (sparse.to_dense().sin().sum() + (wider * 2).sum() + moved.to(device).sum()).backward()
+    return same is x, [t.requires_grad for t in (wider, moved, sparse)], x.grad, values.grad, moved, x
+
+
+def test_tensors_made_from_gpu_tensors_keep_autograd_and_their_own_memory(emu):
+    """`torch.as_tensor(gpu_x, ...)` is `gpu_x.to(...)` and the sparse constructors move their values with `.to()`:
+    autograd's graph is kept (they came out detached), and a copy to another GPU has its own memory."""
+    emu.stop()
+    want = _tensors_made_from_tensors("cpu", "cpu")
+    emu.start()
+    got = _tensors_made_from_tensors("cuda:0", "cuda:1")
+    assert got[:2] == want[:2] == (True, [True, True, True])
+    for mine, theirs in zip(got[2:4], want[2:4]):
+        assert mine.device == torch.device("cuda", 0)
+        torch.testing.assert_close(mine.cpu(), theirs)
+    moved, x = got[4:]
+    assert moved.device == torch.device("cuda", 1) and moved.data_ptr() != x.data_ptr()

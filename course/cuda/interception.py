@@ -613,11 +613,35 @@ def _check_generator(func, args, kwargs, generator):
         raise RuntimeError(f"Expected a '{want}' device type for generator but found '{generator.device.type}'")
 
 
+_TENSOR_TO = {torch.as_tensor, torch.asarray}
+_TO_KEYS = {"dtype", "device"}
+_SPARSE_FROM_TENSORS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                        torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
+
+
+def _sparse_from_tensors(func, args, kwargs):
+    """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there with
+    `.to(device)`, as the Python binding moves them, and the constructor run on them, so that autograd records it
+    (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it)."""
+    kwargs = dict(kwargs)
+    device = kwargs.pop("device")
+    moved = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
+                  for a in args)
+    return _run_unrouted(func, (), moved, kwargs)
+
+
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
     generator = kwargs.get("generator")
     if generator is not None:
         _check_generator(func, args, kwargs, generator)
+    if func in _TENSOR_TO and len(args) == 1 and isinstance(args[0], EmulatedTensor) and kwargs.keys() <= _TO_KEYS:
+        # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
+        # nothing changes, autograd's graph kept (made anew, the copy had no grad_fn, and on another GPU the values)
+        return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
+    if func in _SPARSE_FROM_TENSORS and kwargs.get("device") is not None and \
+            any(isinstance(a, torch.Tensor) for a in args):
+        return _sparse_from_tensors(func, args, kwargs)
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
     elif func in _FROM_HOST_DATA and args and isinstance(args[0], EmulatedTensor) and _names_host(kwargs.get("device")):
