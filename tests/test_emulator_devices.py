@@ -1260,3 +1260,14 @@ def test_tensors_made_from_gpu_tensors_keep_autograd_and_their_own_memory(emu):
         torch.testing.assert_close(mine.cpu(), theirs)
     moved, x = got[4:]
     assert moved.device == torch.device("cuda", 1) and moved.data_ptr() != x.data_ptr()
+
+
+def test_sparse_invariant_checks_read_gpu_indices(emu):
+    """With PyTorch's sparse invariant checks on (its test suite turns them on) the constructors read the indices
+    through host pointers, which an emulated tensor has none of ("data is not allocated yet")."""
+    values = torch.ones(2, device="cuda:1")
+    with torch.sparse.check_sparse_tensor_invariants():
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]], device="cuda:1"), values, (3,))
+        torch.testing.assert_close(sparse.to_dense().cpu(), torch.tensor([1.0, 0.0, 1.0]))
+        with pytest.raises(RuntimeError, match="size is inconsistent with indices: for dim 0, size is 3 but found index 3"):
+            torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")

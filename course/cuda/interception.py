@@ -622,12 +622,19 @@ _SPARSE_FROM_TENSORS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.
 def _sparse_from_tensors(func, args, kwargs):
     """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there with
     `.to(device)`, as the Python binding moves them, and the constructor run on them, so that autograd records it
-    (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it)."""
+    (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it). The invariant checks
+    (`check_invariants`, on in PyTorch's test suite) read the indices through host pointers, which an emulated
+    tensor has none of: they run on a host copy, as CUDA's read a host copy of the indices' bounds."""
     kwargs = dict(kwargs)
-    device = kwargs.pop("device")
-    moved = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
-                  for a in args)
-    return _run_unrouted(func, (), moved, kwargs)
+    device = kwargs.pop("device", None)
+    if device is not None:
+        args = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
+                     for a in args)
+    check = kwargs.pop("check_invariants", None)
+    if check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled():
+        with torch._C.DisableTorchFunctionSubclass():
+            func(*on_host(args), **dict(kwargs, check_invariants=True))
+    return _run_unrouted(func, (), args, dict(kwargs, check_invariants=False))
 
 
 def _route_torch_function(func, args, kwargs):
@@ -639,8 +646,8 @@ def _route_torch_function(func, args, kwargs):
         # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
         # nothing changes, autograd's graph kept (made anew, the copy had no grad_fn, and on another GPU the values)
         return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
-    if func in _SPARSE_FROM_TENSORS and kwargs.get("device") is not None and \
-            any(isinstance(a, torch.Tensor) for a in args):
+    if func in _SPARSE_FROM_TENSORS and any(isinstance(a, torch.Tensor) for a in args) and \
+            (kwargs.get("device") is not None or any(isinstance(a, EmulatedTensor) for a in args)):
         return _sparse_from_tensors(func, args, kwargs)
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
