@@ -1271,3 +1271,11 @@ def test_sparse_invariant_checks_read_gpu_indices(emu):
         torch.testing.assert_close(sparse.to_dense().cpu(), torch.tensor([1.0, 0.0, 1.0]))
         with pytest.raises(RuntimeError, match="size is inconsistent with indices: for dim 0, size is 3 but found index 3"):
             torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")
+
+
+def test_take_along_dim_checks_devices_with_its_own_words(emu):
+    t, i = torch.tensor([[3.0, 1.0, 2.0]], device="cuda:1"), torch.tensor([[1, 2, 0]])
+    torch.testing.assert_close(torch.take_along_dim(t, i.to("cuda:1"), dim=1).cpu(), torch.tensor([[1.0, 2.0, 3.0]]))
+    with pytest.raises(RuntimeError, match=r"^Expected tensor to have cuda:1 Device, but got tensor with cpu Device "
+                                           r"\(while checking arguments for torch.take_along_dim\(\):\)"):
+        torch.take_along_dim(t, i, dim=1)

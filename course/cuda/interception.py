@@ -489,6 +489,19 @@ def _lengths_read_on_host(ctc_loss):
     return run
 
 
+def _take_along_dim(input, indices, dim=None, *, out=None):
+    """`torch.take_along_dim` checks its tensors' devices itself before the gather it runs (checkDevice,
+    TensorAdvancedIndexing.cpp): its words, where the gather's would name two devices. Its C++ sees the CPU device
+    emulated tensors have underneath."""
+    for tensor in (indices, out):
+        if tensor is not None and device_of(tensor) != device_of(input):
+            raise RuntimeError(f"Expected tensor to have {device_name(device_of(input))} Device, but got tensor with "
+                               f"{device_name(device_of(tensor))} Device (while checking arguments for "
+                               "torch.take_along_dim():)")
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.take_along_dim(input, indices, dim, out=out)
+
+
 def _type(self, dtype=None, non_blocking=False, **kwargs):
     if dtype is None:
         if isinstance(self, EmulatedTensor) and self.is_cuda:
@@ -539,6 +552,8 @@ _HANDLERS = {
     torch.autograd.grad: _grad_of,
     torch.linalg.matrix_rank: _empty_result_on_device(torch.linalg.matrix_rank),
     torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
+    torch.take_along_dim: _take_along_dim,
+    torch.Tensor.take_along_dim: _take_along_dim,
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
