@@ -1267,7 +1267,8 @@ def test_sparse_invariant_checks_read_gpu_indices(emu):
     through host pointers, which an emulated tensor has none of ("data is not allocated yet")."""
     values = torch.ones(2, device="cuda:1")
     with torch.sparse.check_sparse_tensor_invariants():
-        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]], device="cuda:1"), values, (3,))
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), values, (3,))  # host indices go to the values' GPU
+        assert sparse.device == torch.device("cuda", 1)
         torch.testing.assert_close(sparse.to_dense().cpu(), torch.tensor([1.0, 0.0, 1.0]))
         with pytest.raises(RuntimeError, match="size is inconsistent with indices: for dim 0, size is 3 but found index 3"):
             torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")

@@ -635,21 +635,27 @@ _SPARSE_FROM_TENSORS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.
 
 
 def _sparse_from_tensors(func, args, kwargs):
-    """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there with
-    `.to(device)`, as the Python binding moves them, and the constructor run on them, so that autograd records it
-    (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it). The invariant checks
-    (`check_invariants`, on in PyTorch's test suite) read the indices through host pointers, which an emulated
-    tensor has none of: they run on a host copy, as CUDA's read a host copy of the indices' bounds."""
+    """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there (or to the
+    values' device) with `.to(device)`, as the Python binding moves them, and the constructor run on them, so that
+    autograd records it (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it; host
+    indices with GPU values were refused). The invariant checks (`check_invariants`, on in PyTorch's test suite)
+    read the indices through host pointers, which an emulated tensor has none of: they run on a host copy, as
+    CUDA's read a host copy of the indices' bounds."""
     kwargs = dict(kwargs)
     device = kwargs.pop("device", None)
+    if device is None:  # the values' device, where the binding moves the indices (tensor_new.cpp)
+        position = 1 if func is torch.sparse_coo_tensor else 2
+        values = args[position] if len(args) > position else kwargs.get("values")
+        device = values.device if isinstance(values, torch.Tensor) else None
     if device is not None:
         args = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
                      for a in args)
-    check = kwargs.pop("check_invariants", None)
+    check = kwargs.get("check_invariants")
     if check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled():
         with torch._C.DisableTorchFunctionSubclass():
             func(*on_host(args), **dict(kwargs, check_invariants=True))
-    return _run_unrouted(func, (), args, dict(kwargs, check_invariants=False))
+        kwargs["check_invariants"] = False
+    return _run_unrouted(func, (), args, kwargs)
 
 
 def _route_torch_function(func, args, kwargs):
