@@ -665,7 +665,7 @@ def _route_torch_function(func, args, kwargs):
         _check_generator(func, args, kwargs, generator)
     if func in _TENSOR_TO and len(args) == 1 and isinstance(args[0], EmulatedTensor) and kwargs.keys() <= _TO_KEYS:
         # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
-        # nothing changes, autograd's graph kept (made anew, the copy had no grad_fn, and on another GPU the values)
+        # nothing changes, autograd's graph kept (made anew, it had no grad_fn, and one for another GPU shared memory)
         return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
     if func in _SPARSE_FROM_TENSORS and any(isinstance(a, torch.Tensor) for a in args) and \
             (kwargs.get("device") is not None or any(isinstance(a, EmulatedTensor) for a in args)):

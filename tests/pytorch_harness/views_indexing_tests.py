@@ -18,7 +18,8 @@ VIEWS = {
     "unfold": lambda t: t.unfold(1, 2, 2), "movedim": lambda t: t.view(2, 2, 6).movedim(0, 2),
     "as_strided": lambda t: t.as_strided((3, 3), (5, 2), 1), "dtype": lambda t: t.view(torch.int32),
     "flatten": lambda t: t.unsqueeze(0).flatten(0, 1), "unflatten": lambda t: t.unflatten(1, (2, 3)),
-    "real": lambda t: t.view(torch.complex64).real, "view_as_real": lambda t: torch.view_as_real(t.view(torch.complex64)),
+    "real": lambda t: t.view(torch.complex64).real,
+    "view_as_real": lambda t: torch.view_as_real(t.view(torch.complex64)),
     "chunk": lambda t: t.chunk(3, dim=1)[1], "unbind": lambda t: t.unbind(1)[4],
 }
 COPIES = {
