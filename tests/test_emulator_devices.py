@@ -1282,3 +1282,104 @@ def test_printed_dtypes_follow_pytorchs_rule():
         emulated = [repr(make("cuda")) for make in cases]
     assert [e.replace(", device='cuda:0'", "") for e in emulated] == plain
     assert all("device='cuda:0'" in e for e in emulated)
+
+
+@pytest.mark.filterwarnings("ignore:.*quantized tensor creation functions")  # their deprecation
+def test_quantized_empty_factories_make_gpu_tensors_with_the_cpus_layout(emu):
+    kwargs = dict(scale=2, zero_point=3, dtype=torch.quint8)
+    host = torch._empty_affine_quantized([5, 4], **kwargs)
+    q = torch._empty_affine_quantized([5, 4], device="cuda:1", **kwargs)
+    assert q.device == torch.device("cuda", 1) and q.is_quantized
+    assert (q.q_scale(), q.q_zero_point(), q.shape, q.stride()) == (2, 3, host.shape, host.stride())
+    flat = q.ravel()
+    assert flat._base is q and flat.is_contiguous()
+    assert flat.untyped_storage().data_ptr() == q.untyped_storage().data_ptr()
+    copied = q.t().ravel()
+    assert copied._base is not q and copied.is_contiguous() and copied.shape == (20,)
+
+
+def test_index_put_takes_host_indices_but_not_host_values(emu):
+    idx, values = torch.tensor([0, 3]), torch.tensor([1.0, 2.0])
+    want = torch.zeros(5).index_put_((idx,), values, accumulate=True)
+    x = torch.zeros(5, device="cuda:1")
+    x[idx] = values.to("cuda:1")
+    x[idx] += torch.tensor(0.0)  # a 0-dim host tensor joins any device
+    torch.testing.assert_close(x.cpu(), want)
+    with pytest.raises(RuntimeError, match="expected device cuda:1 but got device cpu for value tensor"):
+        x.index_put_((idx,), values, accumulate=True)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x[idx] = values
+
+
+def _scalar_parameter_grads(device):
+    torch.manual_seed(0)
+    a, b = nn.Parameter(torch.tensor(0.5)), nn.Parameter(torch.tensor(-1.0))
+    x = torch.randn(4, 3).to(device)
+    for _ in range(2):
+        (x * a + b).pow(2).sum().backward()
+    return a.grad, b.grad, torch.autograd.grad((x * a).sum(), a)[0]
+
+
+def test_a_host_scalar_parameter_gets_its_gradient_on_the_host(emu):
+    for got, want in zip(_scalar_parameter_grads("cuda:2"), _scalar_parameter_grads("cpu")):
+        assert got.device.type == "cpu"
+        torch.testing.assert_close(got, want)
+
+
+def test_grad_assignment_refuses_a_gradient_on_another_device(emu):
+    x = torch.zeros(3, device="cuda:0")
+    with pytest.raises(RuntimeError, match="with device type 'cuda' to a tensor with device type 'cpu'"):
+        torch.zeros(3).grad = torch.ones(3, device="cuda:0")
+    with pytest.raises(RuntimeError, match="with device type 'cpu' to a tensor with device type 'cuda'"):
+        x.grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match="located on device with index '1' to a tensor located on device with index"):
+        x.grad = torch.ones(3, device="cuda:1")
+    x.grad = torch.ones(3, device="cuda:0")
+    assert x.grad.device == torch.device("cuda", 0)
+
+
+
+def _tensors_made_from_tensors(device, other):
+    torch.manual_seed(0)
+    x = torch.randn(3, device=device, requires_grad=True)
+    same, wider = torch.as_tensor(x, device=device), torch.as_tensor(x, dtype=torch.float64)
+    moved = torch.as_tensor(x, device=other)
+    values = torch.randn(2, 2, dtype=torch.float64, device=device, requires_grad=True)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2], [1, 0]]), values, (3, 2, 2), device=device)
+    (sparse.to_dense().sin().sum() + (wider * 2).sum() + moved.to(device).sum()).backward()
+    return same is x, [t.requires_grad for t in (wider, moved, sparse)], x.grad, values.grad, moved, x
+
+
+def test_tensors_made_from_gpu_tensors_keep_autograd_and_their_own_memory(emu):
+    """`torch.as_tensor(gpu_x, ...)` is `gpu_x.to(...)` and the sparse constructors move their values with `.to()`:
+    autograd's graph is kept (they came out detached), and a copy to another GPU has its own memory."""
+    emu.stop()
+    want = _tensors_made_from_tensors("cpu", "cpu")
+    emu.start()
+    got = _tensors_made_from_tensors("cuda:0", "cuda:1")
+    assert got[:2] == want[:2] == (True, [True, True, True])
+    for mine, theirs in zip(got[2:4], want[2:4]):
+        assert mine.device == torch.device("cuda", 0)
+        torch.testing.assert_close(mine.cpu(), theirs)
+    moved, x = got[4:]
+    assert moved.device == torch.device("cuda", 1) and moved.data_ptr() != x.data_ptr()
+
+
+def test_sparse_invariant_checks_read_gpu_indices(emu):
+    """With PyTorch's sparse invariant checks on (its test suite turns them on) the constructors read the indices
+    through host pointers, which an emulated tensor has none of ("data is not allocated yet")."""
+    values = torch.ones(2, device="cuda:1")
+    with torch.sparse.check_sparse_tensor_invariants():
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), values, (3,))  # host indices go to the values' GPU
+        assert sparse.device == torch.device("cuda", 1)
+        torch.testing.assert_close(sparse.to_dense().cpu(), torch.tensor([1.0, 0.0, 1.0]))
+        with pytest.raises(RuntimeError, match="size is inconsistent with indices: for dim 0, size is 3 but found"):
+            torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")
+
+
+def test_take_along_dim_checks_devices_with_its_own_words(emu):
+    t, i = torch.tensor([[3.0, 1.0, 2.0]], device="cuda:1"), torch.tensor([[1, 2, 0]])
+    torch.testing.assert_close(torch.take_along_dim(t, i.to("cuda:1"), dim=1).cpu(), torch.tensor([[1.0, 2.0, 3.0]]))
+    with pytest.raises(RuntimeError, match=r"^Expected tensor to have cuda:1 Device, but got tensor with cpu Device "
+                                           r"\(while checking arguments for torch.take_along_dim\(\):\)"):
+        torch.take_along_dim(t, i, dim=1)

@@ -729,19 +729,6 @@ def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
     torch.testing.assert_close(back.to_dense(), sparse.to_dense())
 
 
-def test_sparse_tensors_made_of_gpu_parts_check_their_invariants_as_on_cpu(emu):
-    """With invariant checks on (`check_invariants=True`, or PyTorch's test harness), a sparse tensor made of GPU
-    indices and values is checked with CPU torch's messages (C++ read the wrappers' memory: "data is not allocated")."""
-    def run(device):
-        indices, values = torch.tensor([[0, 1, 1], [2, 0, 1]], device=device), torch.tensor([1.0, 2, 3], device=device)
-        made = torch.sparse_coo_tensor(indices, values, (2, 3), check_invariants=True)
-        with torch.sparse.check_sparse_tensor_invariants(), pytest.raises(RuntimeError) as refused:
-            torch.sparse_csr_tensor(torch.tensor([0, 2, 1], device=device), indices[1, :2], values[:2], (2, 3))
-        return made.device.type, made.to_dense().tolist(), str(refused.value)
-
-    assert run("cuda") == ("cuda",) + run("cpu")[1:]
-
-
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
 def test_sparse_tensors_made_on_a_gpu_compute_print_and_save_as_on_cpu(emu, layout):
     """Pruning and graph code: `to_sparse()` / `to_sparse_csr()` of a GPU tensor, its parts, sparse @ dense (with the

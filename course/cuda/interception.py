@@ -89,10 +89,10 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        shape_only = func(*args, **dict(kwargs, device="meta"))
+        shape_only = _sized(func, args, kwargs, emu.materialize)
         nbytes = shape_only.numel() * shape_only.element_size()
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
+        inner = _on_host(func, args, kwargs, nbytes) if emu.materialize and shape_only.is_meta else shape_only
         if func in aliasing_factories.ALIASING and emu.materialize:
             inner = inner.clone()  # as_tensor/asarray alias host data; a GPU tensor owns its memory
     if func in _FROM_HOST_DATA:
@@ -105,6 +105,18 @@ def _create_on_device(func, device, args, kwargs):
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
     return wrap(inner.detach(), index, block, requires_grad)
+
+
+_QUANTIZED = {torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+
+
+def _sized(func, args, kwargs, materialize: bool) -> torch.Tensor:
+    """The new tensor on the meta device, to size it before anything is allocated. Quantized factories
+    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA) have no meta kernel: their host
+    tensor, which holds the values anyway, is made first."""
+    if materialize and kwargs.get("dtype") in _QUANTIZED:
+        return func(*args, **dict(kwargs, device="cpu"))
+    return func(*args, **dict(kwargs, device="meta"))
 
 
 def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
@@ -360,6 +372,24 @@ def _set_data(self, new):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
 
 
+def _set_grad(self, grad):
+    """`tensor.grad = g` refuses a gradient on another device with THPVariable_set_grad's words: its C++ compares the
+    CPU devices emulated tensors have underneath, and took a GPU gradient for a host tensor, or one from another GPU."""
+    if isinstance(grad, torch.Tensor) and isinstance(self, torch.Tensor):
+        mine, theirs = device_of(self), device_of(grad)
+        if (mine == CPU) != (theirs == CPU):
+            raise RuntimeError(
+                f"attempting to assign a gradient with device type '{'cpu' if theirs == CPU else 'cuda'}' to a tensor "
+                f"with device type '{'cpu' if mine == CPU else 'cuda'}'. Please ensure that the gradient and the "
+                "tensor are on the same device")
+        if mine != theirs:
+            raise RuntimeError(
+                f"attempting to assign a gradient located on device with index '{theirs}' to a tensor located on "
+                f"device with index '{mine}'. Please ensure that the gradient and the tensor are on the same device")
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.grad.__set__(self, grad)
+
+
 def _take_gpu_tensor(host, gpu):
     """`host_tensor.data = gpu_tensor`, which `model.to("cuda")` runs when autograd still holds a parameter (a CPU
     forward pass's output alive, as tests keep their reference output): the tensor's Python object, which optimizers
@@ -390,7 +420,9 @@ def on_gradient_device(gradient, tensor):
     Backward formulas make some gradients from the input's sizes and options alone (`copysign`'s gradient for its
     sign argument, `sgn`'s, `normal`'s, `repeat` with a zero count: `at::zeros(sizes, options)`), and on a CPU
     build those options name the host. On a GPU that gradient is a GPU tensor, made by a fill kernel."""
-    if (gradient is None or isinstance(gradient, EmulatedTensor) or not isinstance(tensor, EmulatedTensor)
+    if isinstance(gradient, EmulatedTensor):
+        return _scalar_gradient_on_host(gradient, tensor)
+    if (gradient is None or not isinstance(tensor, EmulatedTensor)
             or tensor._device_index == CPU or gradient.layout is not torch.strided or _batched(gradient)):
         return gradient
     emu, index = current_emulator("gradient"), tensor._device_index
@@ -400,6 +432,15 @@ def on_gradient_device(gradient, tensor):
                                       costs.kernel_ns(emu.gpu, 0, nbytes, gradient.dtype, False, False), nbytes=nbytes)
     inner = gradient.detach() if emu.materialize else gradient.detach().to("meta")
     return wrap(inner, index, block)
+
+
+def _scalar_gradient_on_host(gradient: EmulatedTensor, tensor) -> torch.Tensor:
+    """A 0-dim CPU tensor used with GPU tensors (a scalar parameter, `x * a` with x on the GPU) has its gradient on
+    the CPU: the autograd engine moves a 0-dim gradient to its input's device (`validate_outputs`, engine.cpp),
+    which it cannot see here, where a GPU tensor's C++ device is the CPU too."""
+    if gradient.dim() == 0 and gradient._device_index != CPU and device_of(tensor) == CPU:
+        return gradient.to("cpu")
+    return gradient
 
 
 def _batched(gradient) -> bool:
@@ -467,6 +508,19 @@ def _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank) -
             and all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths)))
 
 
+def _take_along_dim(input, indices, dim=None, *, out=None):
+    """`torch.take_along_dim` checks its tensors' devices itself before the gather it runs (checkDevice,
+    TensorAdvancedIndexing.cpp): its words, where the gather's would name two devices. Its C++ sees the CPU device
+    emulated tensors have underneath."""
+    for tensor in (indices, out):
+        if tensor is not None and device_of(tensor) != device_of(input):
+            raise RuntimeError(f"Expected tensor to have {device_name(device_of(input))} Device, but got tensor with "
+                               f"{device_name(device_of(tensor))} Device (while checking arguments for "
+                               "torch.take_along_dim():)")
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.take_along_dim(input, indices, dim, out=out)
+
+
 def _type(self, dtype=None, non_blocking=False, **kwargs):
     if dtype is None:
         if isinstance(self, EmulatedTensor) and self.is_cuda:
@@ -513,9 +567,12 @@ _HANDLERS = {
     torch.Tensor.type_as: _type_as,
     torch.Tensor.data.__set__: _set_data,
     torch.Tensor.grad.__get__: _grad,
+    torch.Tensor.grad.__set__: _set_grad,
     torch.autograd.grad: _grad_of,
     torch.linalg.matrix_rank: _empty_result_on_device(torch.linalg.matrix_rank),
     torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
+    torch.take_along_dim: _take_along_dim,
+    torch.Tensor.take_along_dim: _take_along_dim,
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
@@ -592,11 +649,47 @@ def _check_generator(func, args, kwargs, generator):
         raise RuntimeError(f"Expected a '{want}' device type for generator but found '{generator.device.type}'")
 
 
+_TO_KEYS = {"dtype", "device"}
+_SPARSE_FROM_TENSORS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                        torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
+
+
+def _sparse_from_tensors(func, args, kwargs):
+    """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there (or to the
+    values' device) with `.to(device)`, as the Python binding moves them, and the constructor run on them, so that
+    autograd records it (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it; host
+    indices with GPU values were refused). The invariant checks (`check_invariants`, on in PyTorch's test suite)
+    read the indices through host pointers, which an emulated tensor has none of: they run on a host copy, as
+    CUDA's read a host copy of the indices' bounds."""
+    kwargs = dict(kwargs)
+    device = kwargs.pop("device", None)
+    if device is None:  # the values' device, where the binding moves the indices (tensor_new.cpp)
+        position = 1 if func is torch.sparse_coo_tensor else 2
+        values = args[position] if len(args) > position else kwargs.get("values")
+        device = values.device if isinstance(values, torch.Tensor) else None
+    if device is not None:
+        args = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
+                     for a in args)
+    check = kwargs.get("check_invariants")
+    if check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled():
+        with torch._C.DisableTorchFunctionSubclass():
+            func(*on_host(args), **dict(kwargs, check_invariants=True))
+        kwargs["check_invariants"] = False
+    return _run_unrouted(func, (), args, kwargs)
+
+
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
     generator = kwargs.get("generator")
     if generator is not None:
         _check_generator(func, args, kwargs, generator)
+    if func in aliasing_factories.ALIASING and len(args) == 1 and isinstance(args[0], EmulatedTensor) and kwargs.keys() <= _TO_KEYS:
+        # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
+        # nothing changes, autograd's graph kept (made anew, it had no grad_fn, and one for another GPU shared memory)
+        return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
+    if func in _SPARSE_FROM_TENSORS and any(isinstance(a, torch.Tensor) for a in args) and \
+            (kwargs.get("device") is not None or any(isinstance(a, EmulatedTensor) for a in args)):
+        return _sparse_from_tensors(func, args, kwargs)
     if func in aliasing_factories.ALIASING and args and isinstance(args[0], EmulatedTensor) \
             and args[0]._device_index != CPU and kwargs.get("device") is not None:
         return aliasing_factories.from_gpu_tensor(func, args[0], kwargs)
@@ -623,27 +716,8 @@ def _route_torch_function(func, args, kwargs):
     if kwargs and kwargs.get("pin_memory"):  # CPU torch has no pinned allocator: a buffer for async copies
         with torch._C.DisableTorchFunctionSubclass():
             return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
-    if func in _SPARSE_FROM_PARTS and any(isinstance(a, EmulatedTensor) for a in args):
-        kwargs = _invariants_checked_on_host(func, args, kwargs)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
-
-
-_SPARSE_FROM_PARTS = frozenset({torch.sparse_coo_tensor, torch.sparse_compressed_tensor, torch.sparse_csr_tensor,
-                                torch.sparse_csc_tensor, torch.sparse_bsr_tensor, torch.sparse_bsc_tensor})
-
-
-def _invariants_checked_on_host(func, args, kwargs) -> dict:
-    """A sparse tensor made of GPU tensors: C++ would check its invariants (`check_invariants=True`, or PyTorch's
-    test harness turning the check on) by reading the wrappers' empty memory, so the check runs on their values,
-    with PyTorch's own messages, and the GPU tensor is made without it."""
-    check = kwargs.get("check_invariants")
-    parts = [_unwrap(a) for a in args]
-    if (torch.sparse.check_sparse_tensor_invariants.is_enabled() if check is None else check) and \
-            not any(isinstance(p, torch.Tensor) and p.is_meta for p in parts):
-        with torch._C.DisableTorchFunction():
-            func(*parts, **kwargs)
-    return dict(kwargs, check_invariants=False)
 
 
 def _check_out_device(device, out: torch.Tensor) -> None:

@@ -205,6 +205,21 @@ def _check_block_diag_devices(tensors) -> None:
 _INDEX = torch.ops.aten.index.Tensor
 _HOST_INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                    torch.ops.aten._index_put_impl_.default}
+_PUT_OPS = _HOST_INDEX_OPS - {_INDEX}
+
+
+def _check_put_values(args, kwargs, device: int) -> None:
+    """Only the index tensors of `gpu_x[cpu_idx] = v` may stay on the host: the values must be on x's GPU (a 0-dim
+    CPU tensor is copied over), as ATen's `_index_put_impl_` checks on its sort path (accumulate, or deterministic
+    algorithms) and TensorIterator on the other."""
+    values = args[2] if len(args) > 2 else kwargs["values"]
+    on_host = values._device_index == CPU if isinstance(values, EmulatedTensor) else values.device.type == "cpu"
+    if values.dim() == 0 or not on_host:
+        return
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if accumulate or torch.are_deterministic_algorithms_enabled() and values.numel() > 1:
+        raise RuntimeError(f"expected device {device_name(device)} but got device cpu for value tensor")
+    raise device_mismatch(device, CPU)
 
 
 def _from_torch_internals() -> bool:
@@ -364,6 +379,8 @@ def run_kernel(emu, func, args, kwargs):
             if foreach_devices.reroutes(func, args):
                 return foreach_devices.run(func, args, kwargs)
             device, scratch = _common_device(func, tensors)
+            if func in _PUT_OPS and device != CPU:
+                _check_put_values(args, kwargs, device)
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
         device = t._device_index
