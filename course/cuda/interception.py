@@ -683,7 +683,8 @@ def _route_torch_function(func, args, kwargs):
     generator = kwargs.get("generator")
     if generator is not None:
         _check_generator(func, args, kwargs, generator)
-    if func in aliasing_factories.ALIASING and len(args) == 1 and isinstance(args[0], EmulatedTensor) and kwargs.keys() <= _TO_KEYS:
+    if func in aliasing_factories.ALIASING and len(args) == 1 and isinstance(args[0], EmulatedTensor) and \
+            kwargs.keys() <= _TO_KEYS:
         # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
         # nothing changes, autograd's graph kept (made anew, it had no grad_fn, and one for another GPU shared memory)
         return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
