@@ -205,6 +205,11 @@ def test_new_and_legacy_constructors_land_on_the_gpu(emu):
     assert x.new(2, 3).shape == (2, 3) and x.new(2, 3).device == x.device
     assert x.new_tensor([1]).device == x.device and x.new_zeros(2).device == x.device
     assert torch.ones(2).new([1.0]).device.type == "cpu"
+    assert x.new(2, device="cuda:0").device == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match="^legacy constructor expects device type: cuda but device type: cpu was passed$"):
+        x.new(2, device="cpu")  # tensor_new.cpp's checks, which C++ made against the wrapper's CPU device
+    with pytest.raises(RuntimeError, match=r"^Legacy tensor new of the form tensor.new\(tensor, device=device\) is not"):
+        torch.ones(1).new(x, device="cuda")
     torch.cuda.set_device(2)
     torch.set_warn_always(True)  # PyTorch warns once a process
     try:

@@ -332,6 +332,14 @@ def _new(self, *args, **kwargs):
     if self.layout is torch.sparse_coo and args and isinstance(args[0], torch.Tensor):
         return torch.sparse_coo_tensor(*args, **{"check_invariants": False, **kwargs})
     device = kwargs.pop("device", None)
+    if device is not None:  # tensor_new.cpp's checks of legacy_tensor_new, which C++ would make against the CPU
+        if args and isinstance(args[0], torch.Tensor):
+            raise RuntimeError("Legacy tensor new of the form tensor.new(tensor, device=device) is not supported.  "
+                               "Use torch.as_tensor(...) instead.")
+        wanted = "cuda" if _is_index(device) else torch.device(device).type
+        if wanted != self.device.type:
+            raise RuntimeError(f"legacy constructor expects device type: {self.device.type} but device type: "
+                               f"{wanted} was passed")
     if device is None and isinstance(self, EmulatedTensor):
         device = self.device
     with torch._C.DisableTorchFunctionSubclass():
