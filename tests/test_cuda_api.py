@@ -206,9 +206,9 @@ def test_new_and_legacy_constructors_land_on_the_gpu(emu):
     assert x.new_tensor([1]).device == x.device and x.new_zeros(2).device == x.device
     assert torch.ones(2).new([1.0]).device.type == "cpu"
     assert x.new(2, device="cuda:0").device == torch.device("cuda", 0)
-    with pytest.raises(RuntimeError, match="^legacy constructor expects device type: cuda but device type: cpu was passed$"):
+    with pytest.raises(RuntimeError, match="^legacy constructor expects device type: cuda but device type: cpu was"):
         x.new(2, device="cpu")  # tensor_new.cpp's checks, which C++ made against the wrapper's CPU device
-    with pytest.raises(RuntimeError, match=r"^Legacy tensor new of the form tensor.new\(tensor, device=device\) is not"):
+    with pytest.raises(RuntimeError, match=r"^Legacy tensor new of the form tensor.new\(tensor, device=device\)"):
         torch.ones(1).new(x, device="cuda")
     torch.cuda.set_device(2)
     torch.set_warn_always(True)  # PyTorch warns once a process
@@ -914,7 +914,8 @@ def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, de
         torch.manual_seed(0)
         x = torch.randn(1, 2, 4, 4, device=device, requires_grad=True)
         y = nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
-        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate") + nn.functional.pad(x, (2, 2, 2, 2), mode="reflect")
+        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate")
+        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="reflect")
         (y.sum() + nn.functional.max_pool3d(x[None], 2).sum()).backward()
         return y.detach().cpu(), x.grad.cpu()
 

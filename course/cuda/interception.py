@@ -13,8 +13,8 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (aliasing_factories, attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
-                         subclasses)
+from course.cuda import (aliasing_factories, attention, cudnn_rnn, graph_moves, half_fft, inner_factories,
+                         packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,

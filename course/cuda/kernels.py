@@ -196,8 +196,9 @@ def _check_block_diag_devices(tensors) -> None:
     first = device_of(tensors[0])
     for position, tensor in enumerate(tensors[1:], 1):
         if device_of(tensor) != first:
-            raise RuntimeError(f"torch.block_diag: input tensors must all be on the same device. Input 0 is on device "
-                               f"{device_name(first)} and input {position} is on device {device_name(device_of(tensor))}")
+            raise RuntimeError("torch.block_diag: input tensors must all be on the same device. Input 0 is on device "
+                               f"{device_name(first)} and input {position} is on device "
+                               f"{device_name(device_of(tensor))}")
 
 
 # CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put); a CPU

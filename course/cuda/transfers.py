@@ -252,7 +252,7 @@ def move(tensor: torch.Tensor, dst: int, non_blocking: bool = False) -> torch.Te
     """`tensor.to(device)`: the same tensor if it is already there, else a copy autograd can see through."""
     if torch.nn.parameter.is_lazy(tensor):  # a lazy module's parameter or buffer: no values, made anew on dst
         return subclasses.uninitialized_like(tensor, _raw_move(torch.empty(0, dtype=tensor.dtype), dst, False))
-    if tensor.is_meta and not isinstance(tensor, EmulatedTensor):  # no values to copy (nn.Module.to adds to_empty's hint)
+    if tensor.is_meta and not isinstance(tensor, EmulatedTensor):  # no values (nn.Module.to adds to_empty's hint)
         raise NotImplementedError("Cannot copy out of meta tensor; no data!")
     if device_of(tensor) == dst:
         return tensor

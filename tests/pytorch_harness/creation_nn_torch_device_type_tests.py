@@ -46,7 +46,7 @@ class TestCreationDeviceType(TestCase):
             torch.tensor(5).cuda('cpu:0')
         if len(devices) > 1:
             self.assertEqual('cuda:1', str(torch.tensor(5).cuda('cuda:1').device))
-            self.assertEqual('cuda:1', str(torch.tensor(torch.ones((2, 3), dtype=torch.float32), device='cuda:1').device))
+            self.assertEqual('cuda:1', str(torch.tensor(torch.ones((2, 3)), device='cuda:1').device))
 
     def test_zeros_and_range_out(self, device):
         res1 = torch.zeros(100, 100, device=device)
@@ -170,7 +170,7 @@ class TestNNTorchDeviceType(TestCase):
         self.assertEqual(s, torch.cuda.FloatStorage(l))
 
     def test_dtypetensor_warnings(self, device):
-        with self.assertWarnsOnceRegex(UserWarning, 'The torch.cuda.*DtypeTensor constructors are no longer recommended'):
+        with self.assertWarnsOnceRegex(UserWarning, 'The torch.cuda.*DtypeTensor constructors are no longer'):
             torch.cuda.FloatTensor([0])
 
     def test_sync_warning(self, device):
