@@ -825,6 +825,23 @@ def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
         assert made.device == torch.device("cuda", 1) and made.tolist() == expected
 
 
+def test_vmap_random_factories_draw_per_batch_element_on_the_gpu():
+    """vmap(randomness="different") batches a random factory (one draw per element): the draw lives on the GPU,
+    batched again, with plain CPU torch's values from the same seed; it could not be unbatched before."""
+    def draws(device):
+        torch.manual_seed(0)
+        x = torch.zeros(3, 4, device=device)
+        different = torch.func.vmap(lambda t: t + torch.randn(4, device=device), randomness="different")(x)
+        same = torch.func.vmap(lambda t: t + torch.rand(4, device=device), randomness="same")(x)
+        return different, same
+    plain = draws("cpu")
+    with course.emulate(gpus=1):
+        emulated = draws("cuda")
+        assert all(t.device == torch.device("cuda", 0) for t in emulated)
+        for expected, got in zip(plain, emulated):
+            assert torch.equal(got.cpu(), expected)
+
+
 def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):
     """torch.func's ensembling tutorial: stack_module_state of GPU models, a copy of one moved to 'meta' as the
     stateless base, vmap over functional_call; each slice is that model's own output."""

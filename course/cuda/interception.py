@@ -13,8 +13,8 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
-                         subclasses)
+from course.cuda import (attention, cudnn_rnn, functorch_layers, graph_moves, half_fft, inner_factories, packed_sequences,
+                         storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
@@ -87,10 +87,12 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        shape_only = func(*args, **dict(kwargs, device="meta"))
+        # under vmap(randomness="different") a random factory comes back batched: one draw per batch element
+        shape_only, layers = functorch_layers.unbatched(func(*args, **dict(kwargs, device="meta")))
         nbytes = shape_only.numel() * shape_only.element_size()
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
+        inner = shape_only if not emu.materialize else functorch_layers.unbatched(
+            _on_host(func, args, kwargs, nbytes))[0]
     if func in _FROM_HOST_DATA:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
@@ -100,7 +102,7 @@ def _create_on_device(func, device, args, kwargs):
         duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
-    return wrap(inner.detach(), index, block, requires_grad)
+    return functorch_layers.rebatched(wrap(inner.detach(), index, block, requires_grad), layers)
 
 
 def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
