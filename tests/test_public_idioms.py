@@ -710,6 +710,32 @@ def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
     torch.testing.assert_close(back.to_dense(), sparse.to_dense())
 
 
+def test_sparse_constructors_on_a_gpu_infer_their_size_and_count_their_parts():
+    """GNN code's `torch.sparse_coo_tensor(edge_index, weights, device=device)` and `sparse_csr_tensor(crow, col,
+    values, device="cuda")` without a size, and COO parts already on the GPU: the size read from the indices as CPU
+    torch reads it (negative indices refused alike); memory is the parts' bytes, not the dense shape's. Without a size
+    they raised "Tensor.item() cannot be called on meta tensors" or "data is not allocated yet"; with one, a
+    1000x1000 COO tensor of two entries counted 4 MB."""
+    index, values = torch.tensor([[0, 3, 1], [2, 0, 4]]), torch.arange(6.0).view(3, 2)
+    crow, col = torch.tensor([0, 1, 3]), torch.tensor([2, 0, 1])
+    makers = [lambda d: torch.sparse_coo_tensor(index, values, device=d),
+              lambda d: torch.sparse_coo_tensor(index.to(d), values.to(d)),
+              lambda d: torch.sparse_csr_tensor(crow, col, values[:, 0], device=d),
+              lambda d: torch.sparse_csc_tensor(crow, col, values[:, 0], device=d)]
+    plain = [make("cpu") for make in makers]
+    with course.emulate(gpus=1):
+        for make, want in zip(makers, plain):
+            got = make("cuda")
+            assert got.device == torch.device("cuda", 0) and got.layout == want.layout and got.shape == want.shape
+            torch.testing.assert_close(got.to_dense().cpu(), want.to_dense())
+        with pytest.raises(RuntimeError, match="found negative index -1 for dim 0"):
+            torch.sparse_coo_tensor(torch.tensor([[-1, 0]], device="cuda"), torch.ones(2, device="cuda"))
+        before = torch.cuda.memory_allocated()
+        big = torch.sparse_coo_tensor(index, values[:, 0], (1000, 1000), device="cuda")
+        assert 0 < torch.cuda.memory_allocated() - before <= 1024  # 48 + 12 bytes of parts (a GPU: two 512-B blocks)
+        del big
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
 def test_sparse_tensors_made_on_a_gpu_compute_print_and_save_as_on_cpu(emu, layout):
     """Pruning and graph code: `to_sparse()` / `to_sparse_csr()` of a GPU tensor, its parts, sparse @ dense (with the

@@ -17,8 +17,8 @@ from course.cuda import (attention, cudnn_rnn, functorch_layers, graph_moves, ha
                          storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
-from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
-                                   to_host_copy)
+from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
+                                   program_dispatch_mode, to_host_copy)
 from course.machine import costs
 
 
@@ -65,9 +65,29 @@ def _unwrap(value):
 
 
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+# Sparse constructors take their parts' values: without a size they read the indices for one (a meta tensor has
+# none to read), and what they hold is their parts, not the dense shape.
+_SPARSE_FROM_PARTS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                      torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
 
 
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
+
+
+def _sparse_coo_tensor(indices, values, size=None, **kwargs):
+    """`torch.sparse_coo_tensor(gpu_indices, values)`: with no size, PyTorch reads one from the indices (their
+    largest entry per sparse dimension plus one, then the values' dense sizes; aten/src/ATen/native/sparse/
+    SparseTensor.cpp), a copy to the host that the C++ op cannot make of an emulated tensor's values."""
+    if size is None and isinstance(indices, EmulatedTensor) and isinstance(values, torch.Tensor):
+        sparse_sizes = [0] * indices.shape[0]
+        if indices.numel():
+            for dim, smallest in enumerate(indices.min(1).values.tolist()):
+                if smallest < 0:
+                    raise RuntimeError(f"found negative index {smallest} for dim {dim}")
+            sparse_sizes = (indices.max(1).values + 1).tolist()
+        size = [*sparse_sizes, *values.shape[1:]]
+    args = (indices, values) if size is None else (indices, values, size)
+    return _route_factory(torch.sparse_coo_tensor, args, kwargs)
 
 
 def _create_on_device(func, device, args, kwargs):
@@ -87,13 +107,15 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        # under vmap(randomness="different") a random factory comes back batched: one draw per batch element
-        shape_only, layers = functorch_layers.unbatched(func(*args, **dict(kwargs, device="meta")))
-        nbytes = shape_only.numel() * shape_only.element_size()
+        if func in _SPARSE_FROM_PARTS and emu.materialize:  # its parts are in host memory already
+            shape_only, layers = func(*args, **dict(kwargs, device="cpu")), []
+        else:  # under vmap(randomness="different") a random factory comes back batched: a draw per batch element
+            shape_only, layers = functorch_layers.unbatched(func(*args, **dict(kwargs, device="meta")))
+        nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else functorch_layers.unbatched(
+        inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.unbatched(
             _on_host(func, args, kwargs, nbytes))[0]
-    if func in _FROM_HOST_DATA:
+    if func in _FROM_HOST_DATA or func in _SPARSE_FROM_PARTS:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
                                           nbytes=nbytes, peer="cpu")
@@ -507,6 +529,7 @@ _HANDLERS = {
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
     torch.Tensor.untyped_storage: storages.untyped_storage,
     torch.Tensor.storage: storages.typed_storage,
+    torch.sparse_coo_tensor: _sparse_coo_tensor,
 }
 
 
@@ -584,6 +607,11 @@ def _route_torch_function(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    return _route_factory(func, args, kwargs)
+
+
+def _route_factory(func, args, kwargs):
+    """A call no handler takes: a factory aimed at a GPU is made there, anything else runs as it is."""
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()

@@ -54,10 +54,10 @@ def _host_address(tensor: torch.Tensor) -> int | None:
     return inner.untyped_storage().data_ptr() if inner.layout is torch.strided else None
 
 
-def _nbytes(inner: torch.Tensor) -> int:
+def nbytes_of(inner: torch.Tensor) -> int:
     """Bytes a copy moves: a sparse tensor's parts (`sparse_cpu.to("cuda")`), else its elements."""
     if inner.layout is not torch.strided:
-        return sum(_nbytes(part) for part in devices.sparse_parts(inner))
+        return sum(nbytes_of(part) for part in devices.sparse_parts(inner))
     return inner.numel() * inner.element_size()
 
 
@@ -172,7 +172,7 @@ def _raw_move(tensor: torch.Tensor, dst: int, non_blocking: bool) -> torch.Tenso
     emu = current_emulator(f"copy to {device_name(dst)}")
     src = device_of(tensor)
     inner = tensor._inner if isinstance(tensor, EmulatedTensor) else tensor
-    nbytes = _nbytes(inner)
+    nbytes = nbytes_of(inner)
     block = emu.memory.allocate(dst, nbytes) if dst != CPU else None
     with torch._C.DisableTorchFunction():
         if inner.is_meta or emu.materialize:
