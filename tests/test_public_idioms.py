@@ -868,6 +868,31 @@ def test_vmap_random_factories_draw_per_batch_element_on_the_gpu():
             assert torch.equal(got.cpu(), expected)
 
 
+def test_inside_torch_func_transforms_a_gpu_tensor_says_where_it_is_and_factories_follow():
+    """Per-sample-gradient and Jacobian code makes tensors on `x.device` inside the function it transforms: inside
+    vmap, grad and jacrev/jacfwd a GPU tensor's wrapper said "cpu" (so they were made on the host), and a tensor made
+    or moved there failed ("Cannot access data pointer", autograd.Function without setup_context). CPU torch's
+    values, on the GPU; the answers are PyTorch's own again outside the transforms."""
+    def run(device):
+        x = torch.linspace(-1, 1, 6, device=device).view(2, 3)
+        seen = []
+        def per_row(row):
+            seen.append((str(row.device), row.is_cuda, row.get_device()))
+            return (row * torch.arange(3.0, device=row.device) + torch.ones(3).to(row.device)).sum()
+        grads = torch.func.vmap(torch.func.grad(per_row))(x)
+        jac = torch.func.jacrev(lambda v: v.sin() * torch.ones(3, device=v.device))(x[0])
+        fwd = torch.func.jacfwd(lambda v: v * torch.arange(3.0).to(v.device))(x[1])
+        return seen, [t.device for t in (grads, jac, fwd)], [t.cpu() for t in (grads, jac, fwd)]
+    seen, devices, plain = run("cpu")
+    assert seen[0] == ("cpu", False, -1)
+    with course.emulate(gpus=2):
+        seen, devices, emulated = run("cuda:1")
+        assert seen[0] == ("cuda:1", True, 1) and all(d == torch.device("cuda", 1) for d in devices)
+        assert "device" not in vars(torch.Tensor)
+    for got, want in zip(emulated, plain):
+        torch.testing.assert_close(got, want)
+
+
 def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):
     """torch.func's ensembling tutorial: stack_module_state of GPU models, a copy of one moved to 'meta' as the
     stateless base, vmap over functional_call; each slice is that model's own output."""

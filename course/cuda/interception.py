@@ -109,11 +109,11 @@ def _create_on_device(func, device, args, kwargs):
     with torch._C.DisableTorchFunction():
         if func in _SPARSE_FROM_PARTS and emu.materialize:  # its parts are in host memory already
             shape_only, layers = func(*args, **dict(kwargs, device="cpu")), []
-        else:  # under vmap(randomness="different") a random factory comes back batched: a draw per batch element
-            shape_only, layers = functorch_layers.unbatched(func(*args, **dict(kwargs, device="meta")))
+        else:  # inside a torch.func transform it comes back wrapped (a random one batched: a draw per element)
+            shape_only, layers = functorch_layers.peeled(func(*args, **dict(kwargs, device="meta")))
         nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.unbatched(
+        inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.peeled(
             _on_host(func, args, kwargs, nbytes))[0]
     if func in _FROM_HOST_DATA or func in _SPARSE_FROM_PARTS:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
@@ -124,7 +124,8 @@ def _create_on_device(func, device, args, kwargs):
         duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
-    return functorch_layers.rebatched(wrap(inner.detach(), index, block, requires_grad), layers)
+    inner = functorch_layers.peeled(inner.detach())[0]  # an op inside a transform: its result comes back wrapped
+    return functorch_layers.rewrapped(wrap(inner, index, block, requires_grad), layers)
 
 
 def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
