@@ -871,8 +871,9 @@ def test_vmap_random_factories_draw_per_batch_element_on_the_gpu():
 def test_inside_torch_func_transforms_a_gpu_tensor_says_where_it_is_and_factories_follow():
     """Per-sample-gradient and Jacobian code makes tensors on `x.device` inside the function it transforms: inside
     vmap, grad and jacrev/jacfwd a GPU tensor's wrapper said "cpu" (so they were made on the host), and a tensor made
-    or moved there failed ("Cannot access data pointer", autograd.Function without setup_context). CPU torch's
-    values, on the GPU; the answers are PyTorch's own again outside the transforms."""
+    or moved there failed ("Cannot access data pointer", autograd.Function without setup_context, torch.tensor's
+    "mutate a captured Tensor"); linearize's JVP gave zeros. CPU torch's values, on the GPU; the answers are PyTorch's
+    own again outside the transforms."""
     def run(device):
         x = torch.linspace(-1, 1, 6, device=device).view(2, 3)
         seen = []
@@ -882,7 +883,12 @@ def test_inside_torch_func_transforms_a_gpu_tensor_says_where_it_is_and_factorie
         grads = torch.func.vmap(torch.func.grad(per_row))(x)
         jac = torch.func.jacrev(lambda v: v.sin() * torch.ones(3, device=v.device))(x[0])
         fwd = torch.func.jacfwd(lambda v: v * torch.arange(3.0).to(v.device))(x[1])
-        return seen, [t.device for t in (grads, jac, fwd)], [t.cpu() for t in (grads, jac, fwd)]
+        scaled = torch.func.grad(lambda v: (v * torch.tensor(2.0, device=v.device)).sum())(x[0])
+        # PyTorch's own linearize traces with make_fx (slow): jvp gives the plain run's values
+        linearize = torch.func.linearize if x.is_cuda else lambda f, v: (f(v), lambda t: torch.func.jvp(f, (v,), (t,))[1])
+        value, jvp_fn = linearize(lambda v: v.sin() * v, x[1])
+        results = (grads, jac, fwd, scaled, value, jvp_fn(torch.ones(3, device=device)))
+        return seen, [t.device for t in results], [t.cpu() for t in results]
     seen, devices, plain = run("cpu")
     assert seen[0] == ("cpu", False, -1)
     with course.emulate(gpus=2):

@@ -1,12 +1,16 @@
 """Emulated GPU tensors inside torch.func transforms (vmap's batched tensors, grad's and jvp's wrappers).
 
 A transform wraps a tensor in a C++ tensor whose device is the one C++ sees inside: the CPU, for an emulated GPU
-tensor, so inside `vmap(f)` or `grad(f)` `x.device` said "cpu" and `torch.zeros(3, device=x.device)` made a host
-tensor; and what a factory or a copy makes inside a transform comes back wrapped at its level, around a host
-tensor: the emulated GPU tensor is made of the tensor inside, then wrapped again at the same levels. While a transform runs, `Tensor.device`, `is_cuda`, `is_cpu` and `get_device()` of such a wrapper answer
-from the tensor inside it (`Tensor.device` of a plain tensor never reaches a torch-function mode, so the answer is
-a property on `torch.Tensor`, put there only while a transform's level is open). (A random factory under
-`vmap(..., randomness="different")` comes back batched: one draw per batch element.)
+tensor. So inside `vmap(f)` or `grad(f)`, `x.device` said "cpu" and `torch.zeros(3, device=x.device)` made a host
+tensor. While a transform's level is open, `Tensor.device`, `is_cuda`, `is_cpu` and `get_device()` of a wrapper
+answer from the tensor inside it (a property on `torch.Tensor`: `Tensor.device` of a plain tensor never reaches a
+torch-function mode). What a factory or a copy makes inside a transform comes back wrapped at its levels around a
+host tensor (a random factory under `vmap(..., randomness="different")` batched: a draw per batch element): the GPU
+tensor is made of the tensor inside, then wrapped again at the same levels.
+
+`torch.func.linearize` traces its JVP with make_fx, whose tracer loses emulated tensors (the graph took the tangents
+for constants and returned zeros): of GPU primals, the JVP is computed eagerly with forward-mode AD at each call,
+which is what the graph computes.
 """
 from __future__ import annotations
 
@@ -16,6 +20,11 @@ import threading
 import torch
 import torch._functorch.eager_transforms
 import torch._functorch.vmap
+import torch.autograd.forward_ad as fwAD
+import torch.func
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from course.cuda.devices import EmulatedTensor
 
 _functorch = torch._C._functorch
 
@@ -98,7 +107,37 @@ def _answering_from_inside(increment_nesting):
     return nesting
 
 
+_linearize = torch._functorch.eager_transforms.linearize
+
+
+def linearize(func, *primals):
+    """`torch.func.linearize`: PyTorch's own for host tensors; for GPU ones, its checks and an eager JVP."""
+    flat_primals, primals_spec = tree_flatten(primals)
+    if not any(isinstance(p, EmulatedTensor) for p in flat_primals):
+        return _linearize(func, *primals)
+    output = func(*primals)
+
+    def jvp_fn(*tangents):
+        flat_tangents, tangents_spec = tree_flatten(tangents)
+        if tangents_spec != primals_spec:
+            raise RuntimeError(f"Expected the tangents {tangents_spec} to have the same argspec as the primals "
+                               f"{primals_spec}")
+        for idx, (tangent, primal) in enumerate(zip(flat_tangents, flat_primals)):
+            for what in ("shape", "device", "dtype"):
+                if getattr(tangent, what) != getattr(primal, what):
+                    raise RuntimeError(f"tangent:{idx} with {what} {getattr(tangent, what)} in flattened pytree "
+                                       f"doesn't match the {what} {getattr(primal, what)} of the corresponding primal.")
+        with fwAD.dual_level():
+            duals = tree_unflatten([fwAD.make_dual(p, t) for p, t in zip(flat_primals, flat_tangents)], primals_spec)
+            return tree_map_only(torch.Tensor, lambda dual: torch._functorch.eager_transforms.safe_unpack_dual(
+                dual, False)[1], func(*duals))
+
+    return output, jvp_fn
+
+
 PATCHES = [
+    (torch.func, {"linearize": linearize}),
+    (torch._functorch.eager_transforms, {"linearize": linearize}),
     (torch._functorch.vmap, {"vmap_increment_nesting": _answering_from_inside(
         torch._functorch.vmap.vmap_increment_nesting)}),
     (torch._functorch.eager_transforms, {

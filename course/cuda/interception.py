@@ -13,8 +13,8 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (attention, cudnn_rnn, functorch_layers, graph_moves, half_fft, inner_factories, packed_sequences,
-                         storages, subclasses)
+from course.cuda import (attention, cudnn_rnn, functorch_layers, graph_moves, half_fft, inner_factories,
+                         packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
@@ -66,7 +66,8 @@ def _unwrap(value):
 
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 # Sparse constructors take their parts' values: without a size they read the indices for one (a meta tensor has
-# none to read), and what they hold is their parts, not the dense shape.
+# none to read), and what they hold is their parts, not the dense shape. Like tensors of host data, they are made
+# on the host first.
 _SPARSE_FROM_PARTS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
                       torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
 
@@ -107,10 +108,11 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        if func in _SPARSE_FROM_PARTS and emu.materialize:  # its parts are in host memory already
-            shape_only, layers = func(*args, **dict(kwargs, device="cpu")), []
-        else:  # inside a torch.func transform it comes back wrapped (a random one batched: a draw per element)
-            shape_only, layers = functorch_layers.peeled(func(*args, **dict(kwargs, device="meta")))
+        # inside a torch.func transform the tensor comes back wrapped (a random one batched: a draw per element);
+        # one made of host data is made there (its data is in host memory already; torch.tensor(..., device="meta")
+        # inside grad would mutate a captured tensor)
+        from_data = emu.materialize and (func in _SPARSE_FROM_PARTS or func in _FROM_HOST_DATA)
+        shape_only, layers = functorch_layers.peeled(func(*args, **dict(kwargs, device="cpu" if from_data else "meta")))
         nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
         inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.peeled(

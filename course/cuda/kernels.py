@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs, host_only_ops, kernel_dtypes,
-                         quantized, sync_debug)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs,
+                         host_only_ops, kernel_dtypes, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, moving_to_host, read_scalar
