@@ -899,6 +899,17 @@ def test_inside_torch_func_transforms_a_gpu_tensor_says_where_it_is_and_factorie
         torch.testing.assert_close(got, want)
 
 
+def test_make_fx_of_gpu_tensors_is_refused_by_name(emu):
+    """make_fx traced the ops the emulator runs on a GPU tensor's host tensor as constants: its graph gave wrong
+    values. It is refused by name; CPU tensors trace as before."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    def f(x):
+        return x.sin() + torch.ones(3, device=x.device)
+    with pytest.raises(RuntimeError, match=r"make_fx .* of GPU tensors is not modelled"):
+        make_fx(f)(torch.zeros(3, device="cuda"))
+    torch.testing.assert_close(make_fx(f)(torch.zeros(3))(torch.ones(3)), f(torch.ones(3)))
+
+
 def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):
     """torch.func's ensembling tutorial: stack_module_state of GPU models, a copy of one moved to 'meta' as the
     stateless base, vmap over functional_call; each slice is that model's own output."""

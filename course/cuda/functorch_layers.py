@@ -8,9 +8,10 @@ torch-function mode). What a factory or a copy makes inside a transform comes ba
 host tensor (a random factory under `vmap(..., randomness="different")` batched: a draw per batch element): the GPU
 tensor is made of the tensor inside, then wrapped again at the same levels.
 
-`torch.func.linearize` traces its JVP with make_fx, whose tracer loses emulated tensors (the graph took the tangents
-for constants and returned zeros): of GPU primals, the JVP is computed eagerly with forward-mode AD at each call,
-which is what the graph computes.
+`make_fx` (functorch's tracer) loses emulated tensors: the ops the emulator runs on their host tensors are traced as
+constants, so the graph returned wrong values; tracing GPU tensors with it is refused by name. `torch.func.linearize`
+traces its JVP with it: of GPU primals, the JVP is computed eagerly with forward-mode AD at each call, which is what
+the graph computes.
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ import torch._functorch.eager_transforms
 import torch._functorch.vmap
 import torch.autograd.forward_ad as fwAD
 import torch.func
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+from torch.fx.experimental.proxy_tensor import _MakefxTracer
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 
+from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import EmulatedTensor
 
 _functorch = torch._C._functorch
@@ -135,7 +138,18 @@ def linearize(func, *primals):
     return output, jvp_fn
 
 
+_trace = _MakefxTracer.trace
+
+
+def _trace_host_tensors_only(self, f, *args):
+    if any(isinstance(unwrapped(a), EmulatedTensor) for a in tree_leaves(args) if isinstance(a, torch.Tensor)):
+        raise not_modelled("make_fx (torch.fx.experimental.proxy_tensor) of GPU tensors",
+                           "trace the function with CPU tensors, or run it eagerly")
+    return _trace(self, f, *args)
+
+
 PATCHES = [
+    (_MakefxTracer, {"trace": _trace_host_tensors_only}),
     (torch.func, {"linearize": linearize}),
     (torch._functorch.eager_transforms, {"linearize": linearize}),
     (torch._functorch.vmap, {"vmap_increment_nesting": _answering_from_inside(
