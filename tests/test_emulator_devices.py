@@ -1168,6 +1168,21 @@ def test_rank_and_condition_number_of_empty_matrices_stay_on_the_gpu(emu, shape)
         assert torch.equal(condition.cpu(), torch.linalg.cond(torch.zeros(shape)))
 
 
+def test_parameters_print_as_parameters():
+    """nn.Parameter keeps the emulator's tensor class; printed, a GPU parameter still starts with PyTorch's
+    "Parameter containing:" line, and tensors derived from it (.data, detach, clone) do not."""
+    def shown(device):
+        torch.manual_seed(0)
+        layer = nn.Linear(2, 2).to(device)
+        frozen = nn.Parameter(torch.ones(2, device=device), requires_grad=False)
+        texts = [repr(layer.weight), str(layer.bias), f"{frozen}", repr(copy.deepcopy(layer).bias),
+                 repr(layer.weight.data), repr(layer.bias.detach()), repr(layer.bias.clone())]
+        return [text.replace(", device='cuda:0'", "") for text in texts]
+    plain = shown("cpu")
+    with course.emulate(gpus=1):
+        assert shown("cuda") == plain
+
+
 def test_printed_dtypes_follow_pytorchs_rule():
     """A CUDA tensor prints like a CPU one plus its device: int64, bool and the default complex dtype are implied
     by the values shown, but an empty tensor names any dtype but the default."""

@@ -13,12 +13,12 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
-                         subclasses)
+from course.cuda import (attention, cudnn_rnn, functorch_layers, graph_moves, half_fft, inner_factories,
+                         packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
-from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
-                                   to_host_copy)
+from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
+                                   program_dispatch_mode, to_host_copy)
 from course.machine import costs
 
 
@@ -65,9 +65,30 @@ def _unwrap(value):
 
 
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+# Sparse constructors take their parts' values: without a size they read the indices for one (a meta tensor has
+# none to read), and what they hold is their parts, not the dense shape. Like tensors of host data, they are made
+# on the host first.
+_SPARSE_FROM_PARTS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                      torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
 
 
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
+
+
+def _sparse_coo_tensor(indices, values, size=None, **kwargs):
+    """`torch.sparse_coo_tensor(gpu_indices, values)`: with no size, PyTorch reads one from the indices (their
+    largest entry per sparse dimension plus one, then the values' dense sizes; aten/src/ATen/native/sparse/
+    SparseTensor.cpp), a copy to the host that the C++ op cannot make of an emulated tensor's values."""
+    if size is None and isinstance(indices, EmulatedTensor) and isinstance(values, torch.Tensor):
+        sparse_sizes = [0] * indices.shape[0]
+        if indices.numel():
+            for dim, smallest in enumerate(indices.min(1).values.tolist()):
+                if smallest < 0:
+                    raise RuntimeError(f"found negative index {smallest} for dim {dim}")
+            sparse_sizes = (indices.max(1).values + 1).tolist()
+        size = [*sparse_sizes, *values.shape[1:]]
+    args = (indices, values) if size is None else (indices, values, size)
+    return _route_factory(torch.sparse_coo_tensor, args, kwargs)
 
 
 def _create_on_device(func, device, args, kwargs):
@@ -87,11 +108,16 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        shape_only = _sized(func, args, kwargs, emu.materialize)
-        nbytes = shape_only.numel() * shape_only.element_size()
+        # inside a torch.func transform the tensor comes back wrapped (a random one batched: a draw per element);
+        # one made of host data is made there (its data is in host memory already; torch.tensor(..., device="meta")
+        # inside grad would mutate a captured tensor)
+        from_data = emu.materialize and (func in _SPARSE_FROM_PARTS or func in _FROM_HOST_DATA)
+        shape_only, layers = functorch_layers.peeled(_sized(func, args, kwargs, emu.materialize, from_data))
+        nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = _on_host(func, args, kwargs, nbytes) if emu.materialize and shape_only.is_meta else shape_only
-    if func in _FROM_HOST_DATA:
+        inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.peeled(
+            _on_host(func, args, kwargs, nbytes))[0]
+    if func in _FROM_HOST_DATA or func in _SPARSE_FROM_PARTS:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
                                           nbytes=nbytes, peer="cpu")
@@ -100,17 +126,18 @@ def _create_on_device(func, device, args, kwargs):
         duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
-    return wrap(inner.detach(), index, block, requires_grad)
+    inner = functorch_layers.peeled(inner.detach())[0]  # an op inside a transform: its result comes back wrapped
+    return functorch_layers.rewrapped(wrap(inner, index, block, requires_grad), layers)
 
 
 _QUANTIZED = {torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 
 
-def _sized(func, args, kwargs, materialize: bool) -> torch.Tensor:
-    """The new tensor on the meta device, to size it before anything is allocated. Quantized factories
-    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA) have no meta kernel: their host
-    tensor, which holds the values anyway, is made first."""
-    if materialize and kwargs.get("dtype") in _QUANTIZED:
+def _sized(func, args, kwargs, materialize: bool, from_data: bool) -> torch.Tensor:
+    """The new tensor on the meta device, to size it before anything is allocated. Made of host data, or quantized
+    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA, has no meta kernel), its host tensor,
+    which holds the values anyway, is made first."""
+    if from_data or (materialize and kwargs.get("dtype") in _QUANTIZED):
         return func(*args, **dict(kwargs, device="cpu"))
     return func(*args, **dict(kwargs, device="meta"))
 
@@ -563,6 +590,7 @@ _HANDLERS = {
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
     torch.Tensor.untyped_storage: storages.untyped_storage,
     torch.Tensor.storage: storages.typed_storage,
+    torch.sparse_coo_tensor: _sparse_coo_tensor,
 }
 
 
@@ -677,6 +705,11 @@ def _route_torch_function(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    return _route_factory(func, args, kwargs)
+
+
+def _route_factory(func, args, kwargs):
+    """A call no handler takes: a factory aimed at a GPU is made there, anything else runs as it is."""
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
