@@ -75,22 +75,6 @@ _SPARSE_FROM_PARTS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sp
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
 
 
-def _sparse_coo_tensor(indices, values, size=None, **kwargs):
-    """`torch.sparse_coo_tensor(gpu_indices, values)`: with no size, PyTorch reads one from the indices (their
-    largest entry per sparse dimension plus one, then the values' dense sizes; aten/src/ATen/native/sparse/
-    SparseTensor.cpp), a copy to the host that the C++ op cannot make of an emulated tensor's values."""
-    if size is None and isinstance(indices, EmulatedTensor) and isinstance(values, torch.Tensor):
-        sparse_sizes = [0] * indices.shape[0]
-        if indices.numel():
-            for dim, smallest in enumerate(indices.min(1).values.tolist()):
-                if smallest < 0:
-                    raise RuntimeError(f"found negative index {smallest} for dim {dim}")
-            sparse_sizes = (indices.max(1).values + 1).tolist()
-        size = [*sparse_sizes, *values.shape[1:]]
-    args = (indices, values) if size is None else (indices, values, size)
-    return _route_factory(torch.sparse_coo_tensor, args, kwargs)
-
-
 def _create_on_device(func, device, args, kwargs):
     """A factory call aimed at a fake GPU: make the tensor on the CPU (or meta) and move it there."""
     emu = current_emulator(f"torch.{getattr(func, '__name__', func)}")
@@ -590,7 +574,6 @@ _HANDLERS = {
     torch._C._nn.pad_sequence: packed_sequences.pad_sequence,
     torch.Tensor.untyped_storage: storages.untyped_storage,
     torch.Tensor.storage: storages.typed_storage,
-    torch.sparse_coo_tensor: _sparse_coo_tensor,
 }
 
 
@@ -666,9 +649,10 @@ def _sparse_from_tensors(func, args, kwargs):
     """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there (or to the
     values' device) with `.to(device)`, as the Python binding moves them, and the constructor run on them, so that
     autograd records it (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it; host
-    indices with GPU values were refused). The invariant checks (`check_invariants`, on in PyTorch's test suite)
-    read the indices through host pointers, which an emulated tensor has none of: they run on a host copy, as
-    CUDA's read a host copy of the indices' bounds."""
+    indices with GPU values were refused). Two things read the indices through host pointers, which an emulated
+    tensor has none of, and run on a host copy, as CUDA's read a host copy: the invariant checks
+    (`check_invariants`, on in PyTorch's test suite), and, with no size given, the size PyTorch infers from them (their
+    largest entries plus one; GNN code's `sparse_coo_tensor(edge_index, weights, device=device)`)."""
     kwargs = dict(kwargs)
     device = kwargs.pop("device", None)
     if device is None:  # the values' device, where the binding moves the indices (tensor_new.cpp)
@@ -679,10 +663,15 @@ def _sparse_from_tensors(func, args, kwargs):
         args = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
                      for a in args)
     check = kwargs.get("check_invariants")
-    if check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled():
+    check = bool(check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled())
+    sized = len(args) > (2 if func is torch.sparse_coo_tensor else 3) or kwargs.get("size") is not None
+    if check or not sized:
         with torch._C.DisableTorchFunctionSubclass():
-            func(*on_host(args), **dict(kwargs, check_invariants=True))
-        kwargs["check_invariants"] = False
+            on_the_host = func(*on_host(args), **dict(kwargs, check_invariants=check))
+        if not sized:
+            kwargs["size"] = on_the_host.shape
+        if check:
+            kwargs["check_invariants"] = False
     return _run_unrouted(func, (), args, kwargs)
 
 
