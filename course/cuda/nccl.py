@@ -530,9 +530,22 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts or dist.AllToAllOptions()
-        return self._collective("all_to_all", self._all_to_all_cost,
-                                lambda: self._gloo.alltoall(_unwrap(outputs), _unwrap(inputs), opts),
-                                inputs, outputs, _nbytes(_flat(inputs)))
+        own, peers = _unwrap(inputs), _unwrap(outputs)
+        call = (functools.partial(self._gloo.alltoall, peers, own, opts) if _same_sizes(own + peers)
+                else functools.partial(self._all_to_all_each, peers, own, opts))
+        return self._collective("all_to_all", self._all_to_all_cost, call, inputs, outputs, _nbytes(_flat(inputs)))
+
+    def _all_to_all_each(self, outputs, inputs, opts):
+        """NCCL's all_to_all of tensors of different sizes (ProcessGroupNCCL::alltoall sends and receives each
+        one on its own), which gloo refuses: one all_to_all of them flattened, split by element counts."""
+        sizes = [t.numel() for t in outputs]
+        received = inputs[0].new_empty(sum(sizes))
+        work = self._gloo.alltoall_base(received, torch.cat([t.reshape(-1) for t in inputs]), sizes,
+                                        [t.numel() for t in inputs], opts)
+        work.wait()
+        for output, part in zip(outputs, received.split(sizes)):
+            output.copy_(part.view(output.shape))
+        return work
 
     @_capturable
     def gather(self, outputs, inputs, opts=None):
