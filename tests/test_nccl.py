@@ -364,7 +364,11 @@ def _reductions_as_nccl(rank, world_size):
                 "non_contiguous": lambda: dist.all_reduce(torch.ones(3, 2, device="cuda").t()),
                 "complex": lambda: dist.gather(torch.ones(2, dtype=torch.complex64, device="cuda"),
                                                [torch.empty(2, dtype=torch.complex64, device="cuda")] * world_size
-                                               if rank == 0 else None, dst=0)}
+                                               if rank == 0 else None, dst=0),
+                "gather_size": lambda: dist.all_gather_into_tensor(torch.empty(2 * world_size + 1, device="cuda"),
+                                                                   torch.ones(2, device="cuda")),
+                "scatter_dtype": lambda: dist.reduce_scatter_tensor(
+                    torch.empty(2, device="cuda"), torch.ones(2 * world_size, dtype=torch.half, device="cuda"))}
     for name, call in refusals.items():
         try:
             call()
@@ -399,6 +403,9 @@ def test_reductions_and_refusals_are_nccls_not_gloos():
         assert out["avg_bool"] == ("TypeError", "Cannot use ReduceOp.AVG with boolean inputs")
         assert out["non_contiguous"] == ("ValueError", "Tensors must be contiguous")
         assert out["complex"][0] == "TypeError" and "not supported for NCCL" in out["complex"][1]
+        assert out["gather_size"] == ("ValueError",
+                                      "output tensor size must be equal to world_size times input tensor size")
+        assert out["scatter_dtype"] == ("TypeError", "input tensor must be the same type as the output tensor.")
         sender = (rank - 1) % world_size
         assert torch.equal(out["p2p"], torch.arange(6.0).reshape(2, 3) + 10 * sender)
 

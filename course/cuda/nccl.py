@@ -473,6 +473,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def all_gather_single(self, output, input, opts=None):
         opts = opts or distributed_c10d.AllgatherOptions()
+        nccl_checks.check_gathered(output, input, self.size())
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo._allgather_base(_by_count(output), _by_count(input), opts),
                                 [input], [output], _nbytes([output]))
@@ -498,6 +499,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
+        nccl_checks.check_scattered(output, input, self.size())
         finish = self._reduction(opts, [output, input])
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
                                 lambda: self._gloo._reduce_scatter_base(
