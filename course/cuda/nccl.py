@@ -533,8 +533,9 @@ class EmulatedNCCL(dist.ProcessGroup):
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts or dist.AllToAllOptions()
         own, peers = _unwrap(inputs), _unwrap(outputs)
-        call = (functools.partial(self._gloo.alltoall, peers, own, opts) if _same_sizes(own + peers)
-                else functools.partial(self._all_to_all_each, peers, own, opts))
+        one_dtype = len({t.dtype for t in own + peers}) == 1  # else gloo's refusal, not a silent promotion
+        call = (functools.partial(self._all_to_all_each, peers, own, opts) if one_dtype and not _same_sizes(own + peers)
+                else functools.partial(self._gloo.alltoall, peers, own, opts))
         return self._collective("all_to_all", self._all_to_all_cost, call, inputs, outputs, _nbytes(_flat(inputs)))
 
     def _all_to_all_each(self, outputs, inputs, opts):
