@@ -311,6 +311,34 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
 
 
+def test_half_gradients_sum_in_float_as_cuda_kernels_do(emu):
+    """LayerNorm, BatchNorm and embedding gradients of half and bfloat16 tensors: CUDA's kernels sum in float and round
+    once (plain CPU torch's float kernels, rounded), where the CPU's sums in half stop growing (a bias gradient of 2048
+    for 8192 rows); LayerNorm and BatchNorm save float statistics; `x[idx]`'s backward adds narrow rows in float."""
+    gen = torch.Generator().manual_seed(0)
+    x, ids = torch.rand(4096, 8, generator=gen) + 0.5, torch.randint(0, 3, (4096,), generator=gen)
+    dy = torch.rand(4096, 8, generator=gen)
+    for half in (torch.float16, torch.bfloat16):
+        for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
+            gpu = copy.deepcopy(norm).to(half).cuda(1)
+            out = gpu(x.to(half).cuda(1))
+            out.backward(dy.to(half).cuda(1))
+            wide = copy.deepcopy(norm)
+            wide(x.to(half).float()).backward(dy.to(half).float())
+            assert out.dtype == gpu.weight.grad.dtype == half
+            for p, q in zip(gpu.parameters(), wide.parameters()):
+                torch.testing.assert_close(p.grad.cpu(), q.grad.to(half), atol=1.0, rtol=1e-2)
+            for b, c in zip(gpu.buffers(), wide.buffers()):
+                torch.testing.assert_close(b.cpu(), c.to(b.dtype))
+        stats = torch.ops.aten.native_layer_norm(x.to(half).cuda(), [8], None, None, 1e-5)
+        assert [t.dtype for t in stats] == [half, torch.float32, torch.float32]
+        table = torch.zeros(3, 4, dtype=half, device="cuda:1", requires_grad=True)
+        (F.embedding(ids.cuda(1), table).sum() + F.embedding_bag(ids.cuda(1), table, torch.tensor([0], device="cuda:1")).sum()
+         + table[ids.cuda(1)].sum()).backward()
+        counts = torch.bincount(ids, minlength=3).float()
+        torch.testing.assert_close(table.grad.cpu(), (2 * counts + counts / 4096)[:, None].expand(3, 4).to(half))
+
+
 def test_half_precision_fft_runs_as_cufft_runs_it(emu):
     """cuFFT's float16/complex32 transforms (the CPU has none, and refused with "Unsupported dtype Half"): results in
     the half dtypes, the float transform's values rounded, gradients back in float16; signal sizes that are not

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from course.cuda import fused_attention_ops, half_fft, unpivoted_lu
+from course.cuda import fused_attention_ops, half_accumulation, half_fft, unpivoted_lu
 from course.cuda.devices import current_emulator
 
 aten = torch.ops.aten
@@ -260,6 +260,7 @@ _FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default
 KERNELS = {
     **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
     **half_fft.KERNELS,
+    **half_accumulation.KERNELS,
     **unpivoted_lu.KERNELS,
     **fused_attention_ops.KERNELS,
     aten.abs.default: abs_,
