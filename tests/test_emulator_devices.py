@@ -275,8 +275,8 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
 
 def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
-    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d and antialiased resizes, abs
-    and trace of bool, `copy` given positionally to Tensor.to."""
+    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d, antialiased resizes and gamma
+    and binomial draws, abs and trace of bool, `copy` given positionally to Tensor.to."""
     gen = torch.Generator().manual_seed(0)
     x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
     for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
@@ -302,6 +302,13 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
         resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
         torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
                                                                 mode="bilinear", antialias=True).to(half))
+        alpha = torch.rand(6, generator=gen) + 0.5  # Distributions.cu's samplers, drawn in float
+        draws = []
+        for a in (alpha.to(half).cuda(1), alpha.to(half).float()):
+            torch.manual_seed(0)
+            draws.append((torch._standard_gamma(a), torch.binomial(a * 8, a / 2)))
+        for got, want in zip(*draws):
+            assert got.dtype == half and torch.equal(got.cpu(), want.to(half))
     flags = torch.tensor([[True, False], [True, True]])
     assert torch.equal(torch.abs(flags.cuda()).cpu(), flags)
     assert torch.trace(flags.cuda()).dtype == torch.int64 and torch.trace(flags.cuda()).item() == 2
@@ -333,7 +340,8 @@ def test_half_gradients_sum_in_float_as_cuda_kernels_do(emu):
         stats = torch.ops.aten.native_layer_norm(x.to(half).cuda(), [8], None, None, 1e-5)
         assert [t.dtype for t in stats] == [half, torch.float32, torch.float32]
         table = torch.zeros(3, 4, dtype=half, device="cuda:1", requires_grad=True)
-        (F.embedding(ids.cuda(1), table).sum() + F.embedding_bag(ids.cuda(1), table, torch.tensor([0], device="cuda:1")).sum()
+        one_bag = torch.tensor([0], device="cuda:1")
+        (F.embedding(ids.cuda(1), table).sum() + F.embedding_bag(ids.cuda(1), table, one_bag).sum()
          + table[ids.cuda(1)].sum()).backward()
         counts = torch.bincount(ids, minlength=3).float()
         torch.testing.assert_close(table.grad.cpu(), (2 * counts + counts / 4096)[:, None].expand(3, 4).to(half))

@@ -1,13 +1,14 @@
-"""Backward kernels whose sums CUDA keeps in float for half and bfloat16 tensors, where the CPU's keep the tensor's dtype.
+"""Kernels whose sums CUDA keeps in float for half and bfloat16 tensors, where the CPU's keep the tensor's dtype.
 
 A LayerNorm's bias gradient over 8192 rows of half is 8192 on a GPU and 2048 on the CPU, whose running sum in half stops
 growing there; an embedding row looked up 5000 times gets 5000 on a GPU and 2048 on the CPU. CUDA's kernels accumulate
-in `acc_type<scalar_t, true>` (float) and round once: layer_norm_kernel.cu (GammaBetaBackward, T_ACC), group_norm
-_kernel.cu, cuDNN's batch norm, Embedding.cu and EmbeddingBackwardKernel.cu (the sorted segment sums; `mode="max"`
-bags add with atomics, in the tensor's dtype, as the CPU does), and Indexing.cu's `index_put_(accumulate=True)` (the
-backward of `x[idx]`) when the rows it adds are at most a warp (32 elements) wide; wider rows take a kernel that rounds
-after every addition, as the CPU does. The emulator runs the CPU's float kernels on the inputs widened to float and
-rounds each result to the dtype of the tensor it belongs to.
+in `acc_type<scalar_t, true>` (float) and round once: layer_norm_kernel.cu (GammaBetaBackward, T_ACC; LayerNorm and
+BatchNorm also save their mean and inverse deviation in float), group_norm_kernel.cu, cuDNN's batch norm, Embedding.cu
+and EmbeddingBackwardKernel.cu (the sorted segment sums; `mode="max"` bags add with atomics, in the tensor's dtype, as
+the CPU does), and Indexing.cu's `index_put_(accumulate=True)` (the backward of `x[idx]`) when the rows it adds are at
+most a warp (32 elements) wide; wider rows take a kernel that rounds after every addition, as the CPU does. The
+emulator runs the CPU's float kernels on the inputs widened to float and rounds each result to the dtype of the tensor
+it belongs to.
 """
 from __future__ import annotations
 
