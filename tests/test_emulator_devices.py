@@ -226,7 +226,8 @@ def test_integer_matrix_products_raise_cudas_error(emu):
 def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
     """CUDA kernels with fewer dtypes than the CPU's (course/cuda/kernel_dtypes.py): a uint8 bilinear resize, an
     integer max/avg pool or convolution, a half-precision angle or igamma, an integer addbmm or F.bilinear ran here and
-    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU."""
+    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU. Half cdist, pdist and
+    ctc_loss, which neither has, give CUDA's error rather than one saying a GPU would run them."""
     img = torch.arange(32, dtype=torch.uint8).reshape(1, 2, 4, 4)
     inputs = (img, img.long(), torch.ones(3, 2, 2, dtype=torch.long), torch.linspace(0.1, 1, 5, dtype=torch.float16))
     calls = [(lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bilinear"), "upsample_bilinear2d_out_frame",
@@ -252,6 +253,11 @@ def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
         torch.testing.assert_close(got.cpu(), call(*floats))
     with pytest.raises(RuntimeError, match="HalfTensor is not supported"):
         torch.histc(inputs[3].cuda())
+    log_probs = torch.randn(6, 1, 3).log_softmax(2).half().cuda()  # half kernels neither the CPU nor CUDA has
+    for call, name in ((lambda h: torch.cdist(h, h, p=1.0), "cdist_cuda"), (lambda h: F.pdist(h), "pdist_cuda"),
+                       (lambda h: F.ctc_loss(log_probs, torch.tensor([[1, 2]]).cuda(), [6], [2]), "ctc_loss_cuda")):
+        with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'Half\''):
+            call(inputs[3].reshape(5, 1).cuda())
     same_size = F.interpolate(img.cuda(), size=(4, 4), mode="bilinear")  # copied before the kernel's dispatch
     assert same_size.dtype == torch.uint8 and torch.equal(same_size.cpu(), img)
     flags, index = torch.tensor([True, False, True]), torch.tensor([0, 1, 1])
