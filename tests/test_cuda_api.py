@@ -1027,3 +1027,34 @@ def test_can_device_access_peer_answers_as_peer_copies_are_costed():
     with course.emulate(machine="4xRTX4090", materialize=False):
         assert not any(torch.cuda.can_device_access_peer(a, b) for a in range(4) for b in range(4))
     assert topology.reads_host_memory(hardware.machine("4xRTX4090"), 0, 1)
+
+
+def test_library_choices_and_the_cufft_plan_cache_answer_as_a_cuda_build():
+    """`preferred_linalg_library("cusolver")`, `preferred_blas_library("cublaslt")` and `cufft_plan_cache.max_size`,
+    which a CPU build refuses, are kept as a CUDA build keeps them (with its warning), values unchanged; the number of
+    cached plans is refused by name; the CPU build's refusals come back after."""
+    matrix = torch.tensor([[4.0, 1.0], [1.0, 3.0]])
+    with course.emulate(gpus=2):
+        with pytest.warns(UserWarning, match="preferred_linalg_library is an experimental feature"):
+            assert torch.backends.cuda.preferred_linalg_library("cusolver") == torch._C._LinalgBackend.Cusolver
+        assert torch.backends.cuda.preferred_linalg_library() == torch._C._LinalgBackend.Cusolver
+        torch.testing.assert_close(torch.linalg.eigvalsh(matrix.cuda()).cpu(), torch.linalg.eigvalsh(matrix))
+        assert torch.backends.cuda.preferred_linalg_library("default") == torch._C._LinalgBackend.Default
+        with pytest.warns(UserWarning, match="preferred_blas_library is an experimental feature"):
+            assert torch.backends.cuda.preferred_blas_library("cublaslt") == torch._C._BlasBackend.Cublaslt
+        assert torch.backends.cuda.preferred_blas_library("default") == torch._C._BlasBackend.Cublas
+        cache = torch.backends.cuda.cufft_plan_cache
+        assert cache.max_size == 4096
+        cache.max_size = 32
+        cache[1].max_size = 7
+        assert (cache.max_size, cache[0].max_size, cache[1].max_size) == (32, 32, 7)
+        with pytest.raises(RuntimeError, match="cuFFT plan cache size can not be larger than 4096, but got 5000"):
+            cache.max_size = 5000
+        cache.clear()
+        with pytest.raises(RuntimeError, match="cufft_plan_cache.size .* is not modelled"):
+            cache.size
+    with pytest.raises(RuntimeError, match="has not been compiled with cuBLASLt"):
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+    with pytest.raises(RuntimeError, match="without ATen_cuda library"):
+        torch.backends.cuda.cuFFTPlanCache(0).max_size
+    torch.backends.cuda.preferred_linalg_library("default")

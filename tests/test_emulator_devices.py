@@ -279,7 +279,8 @@ def test_integer_matrix_products_raise_cudas_error(emu):
 def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
     """CUDA kernels with fewer dtypes than the CPU's (course/cuda/kernel_dtypes.py): a uint8 bilinear resize, an
     integer max/avg pool or convolution, a half-precision angle or igamma, an integer addbmm or F.bilinear ran here and
-    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU."""
+    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU. Half cdist, pdist and
+    ctc_loss, which neither has, give CUDA's error rather than one saying a GPU would run them."""
     img = torch.arange(32, dtype=torch.uint8).reshape(1, 2, 4, 4)
     inputs = (img, img.long(), torch.ones(3, 2, 2, dtype=torch.long), torch.linspace(0.1, 1, 5, dtype=torch.float16))
     calls = [(lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bilinear"), "upsample_bilinear2d_out_frame",
@@ -305,6 +306,11 @@ def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
         torch.testing.assert_close(got.cpu(), call(*floats))
     with pytest.raises(RuntimeError, match="HalfTensor is not supported"):
         torch.histc(inputs[3].cuda())
+    log_probs = torch.randn(6, 1, 3).log_softmax(2).half().cuda()  # half kernels neither the CPU nor CUDA has
+    for call, name in ((lambda h: torch.cdist(h, h, p=1.0), "cdist_cuda"), (lambda h: F.pdist(h), "pdist_cuda"),
+                       (lambda h: F.ctc_loss(log_probs, torch.tensor([[1, 2]]).cuda(), [6], [2]), "ctc_loss_cuda")):
+        with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'Half\''):
+            call(inputs[3].reshape(5, 1).cuda())
     same_size = F.interpolate(img.cuda(), size=(4, 4), mode="bilinear")  # copied before the kernel's dispatch
     assert same_size.dtype == torch.uint8 and torch.equal(same_size.cpu(), img)
     flags, index = torch.tensor([True, False, True]), torch.tensor([0, 1, 1])
@@ -328,8 +334,9 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
 
 def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
-    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d and antialiased resizes, abs
-    and trace of bool, `copy` given positionally to Tensor.to; and half grid_sample, which the CPU computes in half."""
+    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d, antialiased resizes and gamma
+    and binomial draws, abs and trace of bool, `copy` given positionally to Tensor.to; and half grid_sample, which the
+    CPU computes in half."""
     gen = torch.Generator().manual_seed(0)
     x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
     for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
@@ -355,6 +362,13 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
         resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
         torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
                                                                 mode="bilinear", antialias=True).to(half))
+        alpha = torch.rand(6, generator=gen) + 0.5  # Distributions.cu's samplers, drawn in float
+        draws = []
+        for a in (alpha.to(half).cuda(1), alpha.to(half).float()):
+            torch.manual_seed(0)
+            draws.append((torch._standard_gamma(a), torch.binomial(a * 8, a / 2)))
+        for got, want in zip(*draws):
+            assert got.dtype == half and torch.equal(got.cpu(), want.to(half))
         # grid_sample interpolates in float on a GPU (GridSampler.cu's opmath); the CPU kernel did it in half
         image, grid = torch.randn(2, 3, 8, 8, generator=gen), torch.rand(2, 5, 5, 2, generator=gen) * 2 - 1
         on_gpu = image.to(half).cuda().requires_grad_()
@@ -372,6 +386,35 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     assert copied.device == torch.device("cuda", 0) and torch.equal(copied.cpu(), x)
     moved = x.to("cuda:1", torch.float64, False, True)
     assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
+
+
+def test_half_gradients_sum_in_float_as_cuda_kernels_do(emu):
+    """LayerNorm, BatchNorm and embedding gradients of half and bfloat16 tensors: CUDA's kernels sum in float and round
+    once (plain CPU torch's float kernels, rounded), where the CPU's sums in half stop growing (a bias gradient of 2048
+    for 8192 rows); LayerNorm and BatchNorm save float statistics; `x[idx]`'s backward adds narrow rows in float."""
+    gen = torch.Generator().manual_seed(0)
+    x, ids = torch.rand(4096, 8, generator=gen) + 0.5, torch.randint(0, 3, (4096,), generator=gen)
+    dy = torch.rand(4096, 8, generator=gen)
+    for half in (torch.float16, torch.bfloat16):
+        for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
+            gpu = copy.deepcopy(norm).to(half).cuda(1)
+            out = gpu(x.to(half).cuda(1))
+            out.backward(dy.to(half).cuda(1))
+            wide = copy.deepcopy(norm)
+            wide(x.to(half).float()).backward(dy.to(half).float())
+            assert out.dtype == gpu.weight.grad.dtype == half
+            for p, q in zip(gpu.parameters(), wide.parameters()):
+                torch.testing.assert_close(p.grad.cpu(), q.grad.to(half), atol=1.0, rtol=1e-2)
+            for b, c in zip(gpu.buffers(), wide.buffers()):
+                torch.testing.assert_close(b.cpu(), c.to(b.dtype))
+        stats = torch.ops.aten.native_layer_norm(x.to(half).cuda(), [8], None, None, 1e-5)
+        assert [t.dtype for t in stats] == [half, torch.float32, torch.float32]
+        table = torch.zeros(3, 4, dtype=half, device="cuda:1", requires_grad=True)
+        one_bag = torch.tensor([0], device="cuda:1")
+        (F.embedding(ids.cuda(1), table).sum() + F.embedding_bag(ids.cuda(1), table, one_bag).sum()
+         + table[ids.cuda(1)].sum()).backward()
+        counts = torch.bincount(ids, minlength=3).float()
+        torch.testing.assert_close(table.grad.cpu(), (2 * counts + counts / 4096)[:, None].expand(3, 4).to(half))
 
 
 def test_half_precision_fft_runs_as_cufft_runs_it(emu):
@@ -1268,6 +1311,21 @@ def test_rank_and_condition_number_of_empty_matrices_stay_on_the_gpu(emu, shape)
         condition = torch.linalg.cond(matrix)
         assert condition.device == torch.device("cuda", 2)
         assert torch.equal(condition.cpu(), torch.linalg.cond(torch.zeros(shape)))
+
+
+def test_parameters_print_as_parameters():
+    """nn.Parameter keeps the emulator's tensor class; printed, a GPU parameter still starts with PyTorch's
+    "Parameter containing:" line, and tensors derived from it (.data, detach, clone) do not."""
+    def shown(device):
+        torch.manual_seed(0)
+        layer = nn.Linear(2, 2).to(device)
+        frozen = nn.Parameter(torch.ones(2, device=device), requires_grad=False)
+        texts = [repr(layer.weight), str(layer.bias), f"{frozen}", repr(copy.deepcopy(layer).bias),
+                 repr(layer.weight.data), repr(layer.bias.detach()), repr(layer.bias.clone())]
+        return [text.replace(", device='cuda:0'", "") for text in texts]
+    plain = shown("cpu")
+    with course.emulate(gpus=1):
+        assert shown("cuda") == plain
 
 
 def test_printed_dtypes_follow_pytorchs_rule():

@@ -729,6 +729,32 @@ def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
     torch.testing.assert_close(back.to_dense(), sparse.to_dense())
 
 
+def test_sparse_constructors_on_a_gpu_infer_their_size_and_count_their_parts():
+    """GNN code's `torch.sparse_coo_tensor(edge_index, weights, device=device)` and `sparse_csr_tensor(crow, col,
+    values, device="cuda")` without a size, and COO parts already on the GPU: the size read from the indices as CPU
+    torch reads it (negative indices refused alike); memory is the parts' bytes, not the dense shape's. Without a size
+    they raised "Tensor.item() cannot be called on meta tensors" or "data is not allocated yet"; with one, a
+    1000x1000 COO tensor of two entries counted 4 MB."""
+    index, values = torch.tensor([[0, 3, 1], [2, 0, 4]]), torch.arange(6.0).view(3, 2)
+    crow, col = torch.tensor([0, 1, 3]), torch.tensor([2, 0, 1])
+    makers = [lambda d: torch.sparse_coo_tensor(index, values, device=d),
+              lambda d: torch.sparse_coo_tensor(index.to(d), values.to(d)),
+              lambda d: torch.sparse_csr_tensor(crow, col, values[:, 0], device=d),
+              lambda d: torch.sparse_csc_tensor(crow, col, values[:, 0], device=d)]
+    plain = [make("cpu") for make in makers]
+    with course.emulate(gpus=1):
+        for make, want in zip(makers, plain):
+            got = make("cuda")
+            assert got.device == torch.device("cuda", 0) and got.layout == want.layout and got.shape == want.shape
+            torch.testing.assert_close(got.to_dense().cpu(), want.to_dense())
+        with pytest.raises(RuntimeError, match="found negative index -1 for dim 0"):
+            torch.sparse_coo_tensor(torch.tensor([[-1, 0]], device="cuda"), torch.ones(2, device="cuda"))
+        before = torch.cuda.memory_allocated()
+        big = torch.sparse_coo_tensor(index, values[:, 0], (1000, 1000), device="cuda")
+        assert 0 < torch.cuda.memory_allocated() - before <= 1024  # 48 + 12 bytes of parts (a GPU: two 512-B blocks)
+        del big
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
 def test_sparse_tensors_made_on_a_gpu_compute_print_and_save_as_on_cpu(emu, layout):
     """Pruning and graph code: `to_sparse()` / `to_sparse_csr()` of a GPU tensor, its parts, sparse @ dense (with the
@@ -842,6 +868,65 @@ def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
                            ([[1.0, scalar], [2.0, scalar]], [[1.0, 3.5], [2.0, 3.5]])]:
         made = torch.tensor(data, device="cuda:1")
         assert made.device == torch.device("cuda", 1) and made.tolist() == expected
+
+
+def test_vmap_random_factories_draw_per_batch_element_on_the_gpu():
+    """vmap(randomness="different") batches a random factory (one draw per element): the draw lives on the GPU,
+    batched again, with plain CPU torch's values from the same seed; it could not be unbatched before."""
+    def draws(device):
+        torch.manual_seed(0)
+        x = torch.zeros(3, 4, device=device)
+        different = torch.func.vmap(lambda t: t + torch.randn(4, device=device), randomness="different")(x)
+        same = torch.func.vmap(lambda t: t + torch.rand(4, device=device), randomness="same")(x)
+        return different, same
+    plain = draws("cpu")
+    with course.emulate(gpus=1):
+        emulated = draws("cuda")
+        assert all(t.device == torch.device("cuda", 0) for t in emulated)
+        for expected, got in zip(plain, emulated):
+            assert torch.equal(got.cpu(), expected)
+
+
+def test_inside_torch_func_transforms_a_gpu_tensor_says_where_it_is_and_factories_follow():
+    """Per-sample-gradient and Jacobian code makes tensors on `x.device` inside the function it transforms: inside
+    vmap, grad and jacrev/jacfwd a GPU tensor's wrapper said "cpu" (so they were made on the host), and a tensor made
+    or moved there failed ("Cannot access data pointer", autograd.Function without setup_context, torch.tensor's
+    "mutate a captured Tensor"); linearize's JVP gave zeros. CPU torch's values, on the GPU; the answers are PyTorch's
+    own again outside the transforms."""
+    def run(device):
+        x = torch.linspace(-1, 1, 6, device=device).view(2, 3)
+        seen = []
+        def per_row(row):
+            seen.append((str(row.device), row.is_cuda, row.get_device()))
+            return (row * torch.arange(3.0, device=row.device) + torch.ones(3).to(row.device)).sum()
+        grads = torch.func.vmap(torch.func.grad(per_row))(x)
+        jac = torch.func.jacrev(lambda v: v.sin() * torch.ones(3, device=v.device))(x[0])
+        fwd = torch.func.jacfwd(lambda v: v * torch.arange(3.0).to(v.device))(x[1])
+        scaled = torch.func.grad(lambda v: (v * torch.tensor(2.0, device=v.device)).sum())(x[0])
+        # PyTorch's own linearize traces with make_fx (slow): jvp gives the plain run's values
+        linearize = torch.func.linearize if x.is_cuda else lambda f, v: (f(v), lambda t: torch.func.jvp(f, (v,), (t,))[1])
+        value, jvp_fn = linearize(lambda v: v.sin() * v, x[1])
+        results = (grads, jac, fwd, scaled, value, jvp_fn(torch.ones(3, device=device)))
+        return seen, [t.device for t in results], [t.cpu() for t in results]
+    seen, devices, plain = run("cpu")
+    assert seen[0] == ("cpu", False, -1)
+    with course.emulate(gpus=2):
+        seen, devices, emulated = run("cuda:1")
+        assert seen[0] == ("cuda:1", True, 1) and all(d == torch.device("cuda", 1) for d in devices)
+        assert "device" not in vars(torch.Tensor)
+    for got, want in zip(emulated, plain):
+        torch.testing.assert_close(got, want)
+
+
+def test_make_fx_of_gpu_tensors_is_refused_by_name(emu):
+    """make_fx traced the ops the emulator runs on a GPU tensor's host tensor as constants: its graph gave wrong
+    values. It is refused by name; CPU tensors trace as before."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    def f(x):
+        return x.sin() + torch.ones(3, device=x.device)
+    with pytest.raises(RuntimeError, match=r"make_fx .* of GPU tensors is not modelled"):
+        make_fx(f)(torch.zeros(3, device="cuda"))
+    torch.testing.assert_close(make_fx(f)(torch.zeros(3))(torch.ones(3)), f(torch.ones(3)))
 
 
 def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):

@@ -189,7 +189,12 @@ class EmulatedTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         wait_for(self, "print")
         with torch._C.DisableTorchFunction():
-            return _format(self)
+            text = _format(self)
+        # nn.Parameter keeps a tensor subclass's class and flags it instead; on a GPU box it is a Parameter,
+        # whose __repr__ (torch/nn/parameter.py) puts this line first. A program's own subclass keeps its repr.
+        if type(self) is EmulatedTensor and self.__dict__.get("_is_param", False):
+            return "Parameter containing:\n" + text
+        return text
 
     def tolist(self):
         """`.tolist()`, also where torch functions are off: a jagged tensor's ops read its offsets so (unbind)."""

@@ -13,12 +13,12 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (aliasing_factories, attention, cudnn_rnn, graph_moves, half_fft, inner_factories,
-                         packed_sequences, storages, subclasses)
+from course.cuda import (aliasing_factories, attention, cudnn_rnn, functorch_layers, graph_moves, half_fft,
+                         inner_factories, packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
-from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
-                                   to_host_copy)
+from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
+                                   program_dispatch_mode, to_host_copy)
 from course.machine import costs
 
 
@@ -65,6 +65,11 @@ def _unwrap(value):
 
 
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+# Sparse constructors take their parts' values: without a size they read the indices for one (a meta tensor has
+# none to read), and what they hold is their parts, not the dense shape. Like tensors of host data, they are made
+# on the host first.
+_SPARSE_FROM_PARTS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                      torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
 
 
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
@@ -89,13 +94,18 @@ def _create_on_device(func, device, args, kwargs):
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        shape_only = _sized(func, args, kwargs, emu.materialize)
-        nbytes = shape_only.numel() * shape_only.element_size()
+        # inside a torch.func transform the tensor comes back wrapped (a random one batched: a draw per element);
+        # one made of host data is made there (its data is in host memory already; torch.tensor(..., device="meta")
+        # inside grad would mutate a captured tensor)
+        from_data = emu.materialize and (func in _SPARSE_FROM_PARTS or func in _FROM_HOST_DATA)
+        shape_only, layers = functorch_layers.peeled(_sized(func, args, kwargs, emu.materialize, from_data))
+        nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = _on_host(func, args, kwargs, nbytes) if emu.materialize and shape_only.is_meta else shape_only
+        inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.peeled(
+            _on_host(func, args, kwargs, nbytes))[0]
         if func in aliasing_factories.ALIASING and emu.materialize:
             inner = inner.clone()  # as_tensor/asarray alias host data; a GPU tensor owns its memory
-    if func in _FROM_HOST_DATA:
+    if func in _FROM_HOST_DATA or func in _SPARSE_FROM_PARTS:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
                                           nbytes=nbytes, peer="cpu")
@@ -104,17 +114,18 @@ def _create_on_device(func, device, args, kwargs):
         duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
-    return wrap(inner.detach(), index, block, requires_grad)
+    inner = functorch_layers.peeled(inner.detach())[0]  # an op inside a transform: its result comes back wrapped
+    return functorch_layers.rewrapped(wrap(inner, index, block, requires_grad), layers)
 
 
 _QUANTIZED = {torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 
 
-def _sized(func, args, kwargs, materialize: bool) -> torch.Tensor:
-    """The new tensor on the meta device, to size it before anything is allocated. Quantized factories
-    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA) have no meta kernel: their host
-    tensor, which holds the values anyway, is made first."""
-    if materialize and kwargs.get("dtype") in _QUANTIZED:
+def _sized(func, args, kwargs, materialize: bool, from_data: bool) -> torch.Tensor:
+    """The new tensor on the meta device, to size it before anything is allocated. Made of host data, or quantized
+    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA, has no meta kernel), its host tensor,
+    which holds the values anyway, is made first."""
+    if from_data or (materialize and kwargs.get("dtype") in _QUANTIZED):
         return func(*args, **dict(kwargs, device="cpu"))
     return func(*args, **dict(kwargs, device="meta"))
 
@@ -666,9 +677,10 @@ def _sparse_from_tensors(func, args, kwargs):
     """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there (or to the
     values' device) with `.to(device)`, as the Python binding moves them, and the constructor run on them, so that
     autograd records it (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it; host
-    indices with GPU values were refused). The invariant checks (`check_invariants`, on in PyTorch's test suite)
-    read the indices through host pointers, which an emulated tensor has none of: they run on a host copy, as
-    CUDA's read a host copy of the indices' bounds."""
+    indices with GPU values were refused). Two things read the indices through host pointers, which an emulated
+    tensor has none of, and run on a host copy, as CUDA's read a host copy: the invariant checks
+    (`check_invariants`, on in PyTorch's test suite), and, with no size given, the size PyTorch infers from them (their
+    largest entries plus one; GNN code's `sparse_coo_tensor(edge_index, weights, device=device)`)."""
     kwargs = dict(kwargs)
     device = kwargs.pop("device", None)
     if device is None:  # the values' device, where the binding moves the indices (tensor_new.cpp)
@@ -679,10 +691,15 @@ def _sparse_from_tensors(func, args, kwargs):
         args = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
                      for a in args)
     check = kwargs.get("check_invariants")
-    if check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled():
+    check = bool(check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled())
+    sized = len(args) > (2 if func is torch.sparse_coo_tensor else 3) or kwargs.get("size") is not None
+    if check or not sized:
         with torch._C.DisableTorchFunctionSubclass():
-            func(*on_host(args), **dict(kwargs, check_invariants=True))
-        kwargs["check_invariants"] = False
+            on_the_host = func(*on_host(args), **dict(kwargs, check_invariants=check))
+        if not sized:
+            kwargs["size"] = on_the_host.shape
+        if check:
+            kwargs["check_invariants"] = False
     return _run_unrouted(func, (), args, kwargs)
 
 
@@ -709,6 +726,11 @@ def _route_torch_function(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    return _route_factory(func, args, kwargs)
+
+
+def _route_factory(func, args, kwargs):
+    """A call no handler takes: a factory aimed at a GPU is made there, anything else runs as it is."""
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()

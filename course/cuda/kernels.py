@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, graphs, host_only_ops, kernel_dtypes,
-                         quantized, sync_debug)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs,
+                         host_only_ops, kernel_dtypes, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -247,18 +247,10 @@ def _from_torch_internals() -> bool:
 
 def _host_tensor_among(args, kwargs) -> bool:
     """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device)."""
-    leaves = [_under_functorch(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+    leaves = [functorch_layers.unwrapped(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
               if isinstance(t, torch.Tensor)]
     return any(t.dim() > 0 and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
                for t in leaves)
-
-
-def _under_functorch(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor a torch.func transform wrapped (jvp's dual, grad's, vmap's batched): the wrapper has the CPU
-    device of the emulated tensor's C++ part, so it is the tensor inside that says where the data lives."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
-        tensor = torch._C._functorch.get_unwrapped(tensor)
-    return tensor
 
 
 # Plain CPU tensors that PyTorch's C++ uses as GPU memory (DDP's buckets): when their contents are ready,
