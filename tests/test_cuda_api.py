@@ -205,13 +205,40 @@ def test_new_and_legacy_constructors_land_on_the_gpu(emu):
     assert x.new(2, 3).shape == (2, 3) and x.new(2, 3).device == x.device
     assert x.new_tensor([1]).device == x.device and x.new_zeros(2).device == x.device
     assert torch.ones(2).new([1.0]).device.type == "cpu"
+    assert x.new(2, device="cuda:0").device == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match="^legacy constructor expects device type: cuda but device type: cpu was"):
+        x.new(2, device="cpu")  # tensor_new.cpp's checks, which C++ made against the wrapper's CPU device
+    with pytest.raises(RuntimeError, match=r"^Legacy tensor new of the form tensor.new\(tensor, device=device\)"):
+        torch.ones(1).new(x, device="cuda")
     torch.cuda.set_device(2)
-    floats = torch.cuda.FloatTensor(4)
+    torch.set_warn_always(True)  # PyTorch warns once a process
+    try:
+        with pytest.warns(UserWarning, match=r"^The torch.cuda.\*DtypeTensor constructors are no longer recommended"):
+            floats = torch.cuda.FloatTensor(4)
+    finally:
+        torch.set_warn_always(False)
     assert floats.device == torch.device("cuda", 2) and floats.dtype == torch.float32 and floats.shape == (4,)
     longs = torch.cuda.LongTensor([1, 2])
     assert longs.dtype == torch.int64 and longs.cpu().tolist() == [1, 2]
     assert isinstance(longs, torch.cuda.LongTensor) and not isinstance(longs, torch.cuda.FloatTensor)
     assert not isinstance(torch.tensor([1, 2]), torch.cuda.LongTensor)
+
+
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
+    """`torch.set_default_tensor_type(torch.cuda.DoubleTensor)` (deprecated, still in PyTorch's tests) sets the dtype
+    and puts new tensors on the current GPU; a CPU type, or its name, brings them back to the host."""
+    saved = torch.tensor([]).type()
+    torch.set_default_tensor_type(torch.cuda.DoubleTensor)
+    try:
+        made = torch.zeros(2)
+        assert (made.device, made.dtype, made.type()) == (torch.device("cuda", 0), torch.float64,
+                                                          "torch.cuda.DoubleTensor")
+        with pytest.raises(TypeError, match="only floating-point types are supported as the default type"):
+            torch.set_default_tensor_type(torch.cuda.IntTensor)
+    finally:
+        torch.set_default_tensor_type(saved)
+    assert (torch.tensor(0.5).device, torch.get_default_dtype()) == (torch.device("cpu"), torch.float32)
 
 
 # -- random numbers ------------------------------------------------------------------------------------
@@ -297,6 +324,7 @@ def test_a_generator_of_the_other_device_type_is_refused_as_aten_refuses_it(emu)
     assert torch.multinomial(on_gpu, 2, generator=cuda_gen).device.type == "cuda"
     assert torch.randn(2, device="cuda", generator=torch.cuda.default_generators[0]).device.type == "cuda"
     assert torch.randn(2, generator=cpu_gen).device.type == "cpu"
+    assert torch.randperm(0, device="cuda", generator=cpu_gen).device.type == "cuda"  # draws nothing: no check
 
 
 def test_generator_and_seeds_are_restored_after_the_emulator():
@@ -834,8 +862,10 @@ def test_deterministic_mode_raises_what_cuda_kernels_raise(emu, deterministic):
         "_histc_cuda": lambda: torch.histc(x),
         "median CUDA with indices output": lambda: x.median(1),
         "put_": lambda: torch.zeros(4, device="cuda").put_(index, torch.ones(3, device="cuda"), accumulate=True),
-        "adaptive_avg_pool2d_backward_out_cuda": lambda: nn.functional.adaptive_avg_pool2d(
+        "adaptive_avg_pool2d_backward_cuda": lambda: nn.functional.adaptive_avg_pool2d(
             x.view(1, 1, 4, 4).requires_grad_(), 2).sum().backward(),
+        "fractional_max_pool3d_backward_cuda": lambda: nn.functional.fractional_max_pool3d(
+            torch.randn(1, 1, 3, 3, 3, device="cuda", requires_grad=True), 2, output_size=1).sum().backward(),
         "embedding_bag_backward_cuda_max": lambda: nn.functional.embedding_bag(
             index, x.clone().requires_grad_(), torch.tensor([0], device="cuda"), mode="max").sum().backward(),
     }
@@ -876,7 +906,8 @@ def test_deterministic_mode_wants_the_cublas_workspace_setting(emu, deterministi
 
 def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, deterministic, monkeypatch):
     """On CUDA tensors in deterministic mode F.interpolate (linear modes), F.pad(mode="replicate") and F.max_pool3d run
-    a torch._decomp decomposition that makes index tensors on the input's device: the same numbers as on the CPU."""
+    a torch._decomp decomposition that makes index tensors on the input's device: the same numbers as on the CPU.
+    F.pad(mode="reflect") in 2-D runs CUDA's deterministic backward kernel."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
 
     def run(device):
@@ -884,6 +915,7 @@ def test_deterministic_mode_takes_pytorchs_python_paths_on_emulated_gpus(emu, de
         x = torch.randn(1, 2, 4, 4, device=device, requires_grad=True)
         y = nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
         y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="replicate")
+        y = y + nn.functional.pad(x, (2, 2, 2, 2), mode="reflect")
         (y.sum() + nn.functional.max_pool3d(x[None], 2).sum()).backward()
         return y.detach().cpu(), x.grad.cpu()
 
@@ -995,3 +1027,34 @@ def test_can_device_access_peer_answers_as_peer_copies_are_costed():
     with course.emulate(machine="4xRTX4090", materialize=False):
         assert not any(torch.cuda.can_device_access_peer(a, b) for a in range(4) for b in range(4))
     assert topology.reads_host_memory(hardware.machine("4xRTX4090"), 0, 1)
+
+
+def test_library_choices_and_the_cufft_plan_cache_answer_as_a_cuda_build():
+    """`preferred_linalg_library("cusolver")`, `preferred_blas_library("cublaslt")` and `cufft_plan_cache.max_size`,
+    which a CPU build refuses, are kept as a CUDA build keeps them (with its warning), values unchanged; the number of
+    cached plans is refused by name; the CPU build's refusals come back after."""
+    matrix = torch.tensor([[4.0, 1.0], [1.0, 3.0]])
+    with course.emulate(gpus=2):
+        with pytest.warns(UserWarning, match="preferred_linalg_library is an experimental feature"):
+            assert torch.backends.cuda.preferred_linalg_library("cusolver") == torch._C._LinalgBackend.Cusolver
+        assert torch.backends.cuda.preferred_linalg_library() == torch._C._LinalgBackend.Cusolver
+        torch.testing.assert_close(torch.linalg.eigvalsh(matrix.cuda()).cpu(), torch.linalg.eigvalsh(matrix))
+        assert torch.backends.cuda.preferred_linalg_library("default") == torch._C._LinalgBackend.Default
+        with pytest.warns(UserWarning, match="preferred_blas_library is an experimental feature"):
+            assert torch.backends.cuda.preferred_blas_library("cublaslt") == torch._C._BlasBackend.Cublaslt
+        assert torch.backends.cuda.preferred_blas_library("default") == torch._C._BlasBackend.Cublas
+        cache = torch.backends.cuda.cufft_plan_cache
+        assert cache.max_size == 4096
+        cache.max_size = 32
+        cache[1].max_size = 7
+        assert (cache.max_size, cache[0].max_size, cache[1].max_size) == (32, 32, 7)
+        with pytest.raises(RuntimeError, match="cuFFT plan cache size can not be larger than 4096, but got 5000"):
+            cache.max_size = 5000
+        cache.clear()
+        with pytest.raises(RuntimeError, match="cufft_plan_cache.size .* is not modelled"):
+            cache.size
+    with pytest.raises(RuntimeError, match="has not been compiled with cuBLASLt"):
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+    with pytest.raises(RuntimeError, match="without ATen_cuda library"):
+        torch.backends.cuda.cuFFTPlanCache(0).max_size
+    torch.backends.cuda.preferred_linalg_library("default")

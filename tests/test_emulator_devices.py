@@ -104,6 +104,21 @@ def test_training_on_a_fake_gpu_equals_cpu_training(optimizer_cls):
         torch.testing.assert_close(got[name], expected[name])
 
 
+def test_moving_a_meta_tensor_raises_as_pytorch_does(emu):
+    """A meta tensor has no values: `.to("cuda")`, `.cuda()`, `.cpu()` and `nn.Module.to` raise PyTorch's
+    NotImplementedError (with to_empty's hint for modules), as plain CPU torch's `.cpu()` does; they made a GPU
+    tensor of nothing, or returned the meta tensor."""
+    meta = torch.empty(2, device="meta")
+    for move in (lambda: meta.to("cuda"), lambda: meta.cuda(1), lambda: meta.cpu(), lambda: meta.to("cpu")):
+        with pytest.raises(NotImplementedError, match="^Cannot copy out of meta tensor; no data!$"):
+            move()
+    with torch.device("meta"):
+        layer = nn.Linear(2, 2)
+    with pytest.raises(NotImplementedError, match="Please use torch.nn.Module.to_empty"):
+        layer.to("cuda")
+    assert layer.to_empty(device="cuda").weight.device == torch.device("cuda", 0)
+
+
 def test_module_to_and_cuda_move_parameters_and_keep_them_parameters(emu):
     model = nn.Linear(4, 2)
     model.cuda(2)
@@ -167,6 +182,23 @@ def test_state_dict_save_load_and_deepcopy(emu, tmp_path):
     torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu())
 
 
+def test_copies_share_memory_where_pytorchs_copies_share_it(emu):
+    """`copy.copy(x)` is a new leaf on x's memory; `copy.deepcopy` of tensors that share memory (a view, a storage)
+    gives copies that share their new memory, as plain CPU torch's do (each used to get values of its own)."""
+    def run(device):
+        x = torch.arange(4.0, device=device).requires_grad_()
+        shallow = copy.copy(x)
+        with torch.no_grad():
+            shallow.mul_(10)
+        a, b = torch.arange(6.0, device=device).view(2, 3), torch.ones(2, device=device)
+        deep = copy.deepcopy([a, a[1], a.untyped_storage(), b])
+        deep[0].add_(1)
+        return [shallow.requires_grad, shallow.is_leaf, x.tolist(), deep[1].tolist(), a.tolist(),
+                torch.empty(0, device=device).set_(deep[2]).tolist(), deep[3].device.type]
+
+    assert run("cuda:1") == run("cpu")[:-1] + ["cuda"]
+
+
 def test_saved_tensors_load_on_the_cpu_outside_the_emulator():
     """A file saved on emulated GPUs is a CUDA checkpoint: a CPU-only machine loads it with map_location="cpu"."""
     buffer = io.BytesIO()
@@ -192,6 +224,27 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         a + torch.ones(2)
     with pytest.raises(RuntimeError, match="same device"):
         nn.Linear(2, 2).to("cuda:1")(a)
+    with pytest.raises(RuntimeError, match=r"^torch.block_diag: input tensors must all be on the same device. Input 0 "
+                                           r"is on device cuda:1 and input 2 is on device cpu$"):
+        torch.block_diag(b, b, torch.tensor(3.0))  # its own check: a 0-dim host tensor does not join the GPU
+
+
+def test_ctc_loss_takes_host_int32_targets_where_cudnn_takes_them(emu):
+    """F.ctc_loss with GPU log-probs and int32 targets on the host runs on a GPU box (cuDNN's CTC, which
+    `_use_cudnn_ctc_loss` picks when every input is full length and blank is 0): CPU torch's losses and gradients;
+    long host targets, which the native GPU kernel gets, still mix devices."""
+    gen = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(12, 3, 6, generator=gen).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, 6, (9,), generator=gen, dtype=torch.int32)
+    on_gpu = log_probs.detach().cuda().requires_grad_()
+    loss = F.ctc_loss(on_gpu, targets, [12] * 3, [3, 4, 2], reduction="sum")
+    expected = F.ctc_loss(log_probs, targets, [12] * 3, [3, 4, 2], reduction="sum")
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(loss.cpu(), expected)
+    torch.testing.assert_close(on_gpu.grad.cpu(), log_probs.grad)
+    with pytest.raises(RuntimeError, match="same device"):
+        F.ctc_loss(on_gpu, targets.long(), [12] * 3, [3, 4, 2])
 
 
 def test_gpu_indices_into_a_host_tensor_raise_as_on_a_gpu(emu):
@@ -226,7 +279,8 @@ def test_integer_matrix_products_raise_cudas_error(emu):
 def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
     """CUDA kernels with fewer dtypes than the CPU's (course/cuda/kernel_dtypes.py): a uint8 bilinear resize, an
     integer max/avg pool or convolution, a half-precision angle or igamma, an integer addbmm or F.bilinear ran here and
-    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU."""
+    raise on a GPU. The OpInfo sweep found them; the dtypes CUDA has still run and match the CPU. Half cdist, pdist and
+    ctc_loss, which neither has, give CUDA's error rather than one saying a GPU would run them."""
     img = torch.arange(32, dtype=torch.uint8).reshape(1, 2, 4, 4)
     inputs = (img, img.long(), torch.ones(3, 2, 2, dtype=torch.long), torch.linspace(0.1, 1, 5, dtype=torch.float16))
     calls = [(lambda x, xl, i, h: F.interpolate(x, scale_factor=2, mode="bilinear"), "upsample_bilinear2d_out_frame",
@@ -252,6 +306,11 @@ def test_kernels_cuda_lacks_dtypes_for_raise_cudas_error(emu):
         torch.testing.assert_close(got.cpu(), call(*floats))
     with pytest.raises(RuntimeError, match="HalfTensor is not supported"):
         torch.histc(inputs[3].cuda())
+    log_probs = torch.randn(6, 1, 3).log_softmax(2).half().cuda()  # half kernels neither the CPU nor CUDA has
+    for call, name in ((lambda h: torch.cdist(h, h, p=1.0), "cdist_cuda"), (lambda h: F.pdist(h), "pdist_cuda"),
+                       (lambda h: F.ctc_loss(log_probs, torch.tensor([[1, 2]]).cuda(), [6], [2]), "ctc_loss_cuda")):
+        with pytest.raises(NotImplementedError, match=f'"{name}" not implemented for \'Half\''):
+            call(inputs[3].reshape(5, 1).cuda())
     same_size = F.interpolate(img.cuda(), size=(4, 4), mode="bilinear")  # copied before the kernel's dispatch
     assert same_size.dtype == torch.uint8 and torch.equal(same_size.cpu(), img)
     flags, index = torch.tensor([True, False, True]), torch.tensor([0, 1, 1])
@@ -275,8 +334,9 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
 
 def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
-    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d and antialiased resizes, abs
-    and trace of bool, `copy` given positionally to Tensor.to."""
+    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d, antialiased resizes and gamma
+    and binomial draws, abs and trace of bool, `copy` given positionally to Tensor.to; and half grid_sample, which the
+    CPU computes in half."""
     gen = torch.Generator().manual_seed(0)
     x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
     for forward, backward in ((torch.ops.aten._softmax, torch.ops.aten._softmax_backward_data),
@@ -302,6 +362,23 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
         resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
         torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
                                                                 mode="bilinear", antialias=True).to(half))
+        alpha = torch.rand(6, generator=gen) + 0.5  # Distributions.cu's samplers, drawn in float
+        draws = []
+        for a in (alpha.to(half).cuda(1), alpha.to(half).float()):
+            torch.manual_seed(0)
+            draws.append((torch._standard_gamma(a), torch.binomial(a * 8, a / 2)))
+        for got, want in zip(*draws):
+            assert got.dtype == half and torch.equal(got.cpu(), want.to(half))
+        # grid_sample interpolates in float on a GPU (GridSampler.cu's opmath); the CPU kernel did it in half
+        image, grid = torch.randn(2, 3, 8, 8, generator=gen), torch.rand(2, 5, 5, 2, generator=gen) * 2 - 1
+        on_gpu = image.to(half).cuda().requires_grad_()
+        sampled = F.grid_sample(on_gpu, grid.to(half).cuda(), align_corners=False)
+        reference = image.to(half).float().requires_grad_()
+        expected = F.grid_sample(reference, grid.to(half).float(), align_corners=False)
+        torch.testing.assert_close(sampled.cpu(), expected.to(half), atol=0, rtol=0)
+        sampled.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(on_gpu.grad.cpu(), reference.grad.to(half), atol=0, rtol=0)
     flags = torch.tensor([[True, False], [True, True]])
     assert torch.equal(torch.abs(flags.cuda()).cpu(), flags)
     assert torch.trace(flags.cuda()).dtype == torch.int64 and torch.trace(flags.cuda()).item() == 2
@@ -309,6 +386,35 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     assert copied.device == torch.device("cuda", 0) and torch.equal(copied.cpu(), x)
     moved = x.to("cuda:1", torch.float64, False, True)
     assert moved.device == torch.device("cuda", 1) and moved.dtype == torch.float64
+
+
+def test_half_gradients_sum_in_float_as_cuda_kernels_do(emu):
+    """LayerNorm, BatchNorm and embedding gradients of half and bfloat16 tensors: CUDA's kernels sum in float and round
+    once (plain CPU torch's float kernels, rounded), where the CPU's sums in half stop growing (a bias gradient of 2048
+    for 8192 rows); LayerNorm and BatchNorm save float statistics; `x[idx]`'s backward adds narrow rows in float."""
+    gen = torch.Generator().manual_seed(0)
+    x, ids = torch.rand(4096, 8, generator=gen) + 0.5, torch.randint(0, 3, (4096,), generator=gen)
+    dy = torch.rand(4096, 8, generator=gen)
+    for half in (torch.float16, torch.bfloat16):
+        for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
+            gpu = copy.deepcopy(norm).to(half).cuda(1)
+            out = gpu(x.to(half).cuda(1))
+            out.backward(dy.to(half).cuda(1))
+            wide = copy.deepcopy(norm)
+            wide(x.to(half).float()).backward(dy.to(half).float())
+            assert out.dtype == gpu.weight.grad.dtype == half
+            for p, q in zip(gpu.parameters(), wide.parameters()):
+                torch.testing.assert_close(p.grad.cpu(), q.grad.to(half), atol=1.0, rtol=1e-2)
+            for b, c in zip(gpu.buffers(), wide.buffers()):
+                torch.testing.assert_close(b.cpu(), c.to(b.dtype))
+        stats = torch.ops.aten.native_layer_norm(x.to(half).cuda(), [8], None, None, 1e-5)
+        assert [t.dtype for t in stats] == [half, torch.float32, torch.float32]
+        table = torch.zeros(3, 4, dtype=half, device="cuda:1", requires_grad=True)
+        one_bag = torch.tensor([0], device="cuda:1")
+        (F.embedding(ids.cuda(1), table).sum() + F.embedding_bag(ids.cuda(1), table, one_bag).sum()
+         + table[ids.cuda(1)].sum()).backward()
+        counts = torch.bincount(ids, minlength=3).float()
+        torch.testing.assert_close(table.grad.cpu(), (2 * counts + counts / 4096)[:, None].expand(3, 4).to(half))
 
 
 def test_half_precision_fft_runs_as_cufft_runs_it(emu):
@@ -574,6 +680,45 @@ def test_histogram_has_no_cuda_kernel_as_on_a_gpu_box(emu):
             call(x)
         call(x.cpu())
     assert torch.histc(x, bins=4).device == torch.device("cuda", 0)
+
+
+def test_as_tensor_and_asarray_copy_to_a_gpu_and_alias_only_where_the_data_is(emu):
+    """`torch.as_tensor(array, device="cuda")` owns GPU memory, as on a GPU box: a later write to the array, the host
+    tensor or another GPU's tensor leaves it as it was (the values used to be shared). On its own device a GPU tensor
+    is returned as it is, and `asarray(..., copy=False)` refuses to cross devices with ATen's ValueError."""
+    array, host = numpy.arange(3, dtype=numpy.float32), torch.arange(3.0)
+    made = [torch.as_tensor(array, device="cuda"), torch.asarray(array, device="cuda:1"),
+            torch.as_tensor(host, device="cuda:2"), torch.asarray(host, device="cuda")]
+    gpu = torch.arange(3.0).to("cuda:0")
+    made += [torch.as_tensor(gpu, device="cuda:1"), torch.asarray(gpu, device="cuda:2")]
+    array[:], gpu[:] = 7, 7
+    host.fill_(7)
+    assert [t.cpu().tolist() for t in made] == [torch.arange(3.0).tolist()] * 6
+    assert [t.device.index for t in made] == [0, 1, 2, 0, 1, 2]
+    assert torch.as_tensor(gpu, device="cuda:0") is gpu and torch.asarray(gpu, device="cuda", copy=False) is gpu
+    with pytest.raises(ValueError, match=r"^can't alias tensor from device 'cuda:0' to 'cpu'\.$"):
+        torch.asarray(gpu, device="cpu", copy=False)
+    with pytest.raises(ValueError, match=r"^can't alias tensor from device 'cpu' to 'cuda:1'\.$"):
+        torch.asarray(host, device="cuda:1", copy=False)
+
+
+def test_factories_with_out_write_into_it_and_check_only_the_device_type(emu):
+    """`torch.zeros(n, device=..., out=buf)` writes into `buf` where it is; PyTorch's bindings compare only the
+    device type with `out`'s. `torch.range`, whose binding skips torch-function modes, makes GPU tensors too, and
+    `.cuda("cpu")` is refused as on a GPU box."""
+    buf = torch.full((5,), 3.0, device="cuda:1")
+    assert torch.zeros(2, 2, device="cuda:0", out=buf) is buf
+    assert buf.device == torch.device("cuda", 1) and buf.cpu().tolist() == torch.zeros(2, 2).tolist()
+    perm = torch.empty(0, dtype=torch.long, device="cuda")
+    torch.randperm(6, device="cuda", out=perm)
+    assert sorted(perm.cpu().tolist()) == list(range(6))
+    with pytest.raises(RuntimeError, match=r"^device type cpu does not match device type of out parameter \(cuda\)$"):
+        torch.ones(2, device="cpu", out=buf)
+    with pytest.warns(UserWarning, match="torch.range is deprecated"):
+        made = torch.range(0, 3, device="cuda:2")
+    assert made.device == torch.device("cuda", 2) and made.cpu().tolist() == torch.arange(4.0).tolist()
+    with pytest.raises(RuntimeError, match="^Invalid device, must be cuda device$"):
+        torch.tensor(5).cuda("cpu")
 
 
 def test_factories_shaped_like_a_gpu_tensor_honour_a_host_device_and_type_as_moves(emu):
@@ -1168,6 +1313,21 @@ def test_rank_and_condition_number_of_empty_matrices_stay_on_the_gpu(emu, shape)
         assert torch.equal(condition.cpu(), torch.linalg.cond(torch.zeros(shape)))
 
 
+def test_parameters_print_as_parameters():
+    """nn.Parameter keeps the emulator's tensor class; printed, a GPU parameter still starts with PyTorch's
+    "Parameter containing:" line, and tensors derived from it (.data, detach, clone) do not."""
+    def shown(device):
+        torch.manual_seed(0)
+        layer = nn.Linear(2, 2).to(device)
+        frozen = nn.Parameter(torch.ones(2, device=device), requires_grad=False)
+        texts = [repr(layer.weight), str(layer.bias), f"{frozen}", repr(copy.deepcopy(layer).bias),
+                 repr(layer.weight.data), repr(layer.bias.detach()), repr(layer.bias.clone())]
+        return [text.replace(", device='cuda:0'", "") for text in texts]
+    plain = shown("cpu")
+    with course.emulate(gpus=1):
+        assert shown("cuda") == plain
+
+
 def test_printed_dtypes_follow_pytorchs_rule():
     """A CUDA tensor prints like a CPU one plus its device: int64, bool and the default complex dtype are implied
     by the values shown, but an empty tensor names any dtype but the default."""
@@ -1180,3 +1340,104 @@ def test_printed_dtypes_follow_pytorchs_rule():
         emulated = [repr(make("cuda")) for make in cases]
     assert [e.replace(", device='cuda:0'", "") for e in emulated] == plain
     assert all("device='cuda:0'" in e for e in emulated)
+
+
+@pytest.mark.filterwarnings("ignore:.*quantized tensor creation functions")  # their deprecation
+def test_quantized_empty_factories_make_gpu_tensors_with_the_cpus_layout(emu):
+    kwargs = dict(scale=2, zero_point=3, dtype=torch.quint8)
+    host = torch._empty_affine_quantized([5, 4], **kwargs)
+    q = torch._empty_affine_quantized([5, 4], device="cuda:1", **kwargs)
+    assert q.device == torch.device("cuda", 1) and q.is_quantized
+    assert (q.q_scale(), q.q_zero_point(), q.shape, q.stride()) == (2, 3, host.shape, host.stride())
+    flat = q.ravel()
+    assert flat._base is q and flat.is_contiguous()
+    assert flat.untyped_storage().data_ptr() == q.untyped_storage().data_ptr()
+    copied = q.t().ravel()
+    assert copied._base is not q and copied.is_contiguous() and copied.shape == (20,)
+
+
+def test_index_put_takes_host_indices_but_not_host_values(emu):
+    idx, values = torch.tensor([0, 3]), torch.tensor([1.0, 2.0])
+    want = torch.zeros(5).index_put_((idx,), values, accumulate=True)
+    x = torch.zeros(5, device="cuda:1")
+    x[idx] = values.to("cuda:1")
+    x[idx] += torch.tensor(0.0)  # a 0-dim host tensor joins any device
+    torch.testing.assert_close(x.cpu(), want)
+    with pytest.raises(RuntimeError, match="expected device cuda:1 but got device cpu for value tensor"):
+        x.index_put_((idx,), values, accumulate=True)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x[idx] = values
+
+
+def _scalar_parameter_grads(device):
+    torch.manual_seed(0)
+    a, b = nn.Parameter(torch.tensor(0.5)), nn.Parameter(torch.tensor(-1.0))
+    x = torch.randn(4, 3).to(device)
+    for _ in range(2):
+        (x * a + b).pow(2).sum().backward()
+    return a.grad, b.grad, torch.autograd.grad((x * a).sum(), a)[0]
+
+
+def test_a_host_scalar_parameter_gets_its_gradient_on_the_host(emu):
+    for got, want in zip(_scalar_parameter_grads("cuda:2"), _scalar_parameter_grads("cpu")):
+        assert got.device.type == "cpu"
+        torch.testing.assert_close(got, want)
+
+
+def test_grad_assignment_refuses_a_gradient_on_another_device(emu):
+    x = torch.zeros(3, device="cuda:0")
+    with pytest.raises(RuntimeError, match="with device type 'cuda' to a tensor with device type 'cpu'"):
+        torch.zeros(3).grad = torch.ones(3, device="cuda:0")
+    with pytest.raises(RuntimeError, match="with device type 'cpu' to a tensor with device type 'cuda'"):
+        x.grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match="located on device with index '1' to a tensor located on device with index"):
+        x.grad = torch.ones(3, device="cuda:1")
+    x.grad = torch.ones(3, device="cuda:0")
+    assert x.grad.device == torch.device("cuda", 0)
+
+
+
+def _tensors_made_from_tensors(device, other):
+    torch.manual_seed(0)
+    x = torch.randn(3, device=device, requires_grad=True)
+    same, wider = torch.as_tensor(x, device=device), torch.as_tensor(x, dtype=torch.float64)
+    moved = torch.as_tensor(x, device=other)
+    values = torch.randn(2, 2, dtype=torch.float64, device=device, requires_grad=True)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2], [1, 0]]), values, (3, 2, 2), device=device)
+    (sparse.to_dense().sin().sum() + (wider * 2).sum() + moved.to(device).sum()).backward()
+    return same is x, [t.requires_grad for t in (wider, moved, sparse)], x.grad, values.grad, moved, x
+
+
+def test_tensors_made_from_gpu_tensors_keep_autograd_and_their_own_memory(emu):
+    """`torch.as_tensor(gpu_x, ...)` is `gpu_x.to(...)` and the sparse constructors move their values with `.to()`:
+    autograd's graph is kept (they came out detached), and a copy to another GPU has its own memory."""
+    emu.stop()
+    want = _tensors_made_from_tensors("cpu", "cpu")
+    emu.start()
+    got = _tensors_made_from_tensors("cuda:0", "cuda:1")
+    assert got[:2] == want[:2] == (True, [True, True, True])
+    for mine, theirs in zip(got[2:4], want[2:4]):
+        assert mine.device == torch.device("cuda", 0)
+        torch.testing.assert_close(mine.cpu(), theirs)
+    moved, x = got[4:]
+    assert moved.device == torch.device("cuda", 1) and moved.data_ptr() != x.data_ptr()
+
+
+def test_sparse_invariant_checks_read_gpu_indices(emu):
+    """With PyTorch's sparse invariant checks on (its test suite turns them on) the constructors read the indices
+    through host pointers, which an emulated tensor has none of ("data is not allocated yet")."""
+    values = torch.ones(2, device="cuda:1")
+    with torch.sparse.check_sparse_tensor_invariants():
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), values, (3,))  # host indices go to the values' GPU
+        assert sparse.device == torch.device("cuda", 1)
+        torch.testing.assert_close(sparse.to_dense().cpu(), torch.tensor([1.0, 0.0, 1.0]))
+        with pytest.raises(RuntimeError, match="size is inconsistent with indices: for dim 0, size is 3 but found"):
+            torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")
+
+
+def test_take_along_dim_checks_devices_with_its_own_words(emu):
+    t, i = torch.tensor([[3.0, 1.0, 2.0]], device="cuda:1"), torch.tensor([[1, 2, 0]])
+    torch.testing.assert_close(torch.take_along_dim(t, i.to("cuda:1"), dim=1).cpu(), torch.tensor([[1.0, 2.0, 3.0]]))
+    with pytest.raises(RuntimeError, match=r"^Expected tensor to have cuda:1 Device, but got tensor with cpu Device "
+                                           r"\(while checking arguments for torch.take_along_dim\(\):\)"):
+        torch.take_along_dim(t, i, dim=1)

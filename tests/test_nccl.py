@@ -190,6 +190,29 @@ def test_all_gather_and_reduce_scatter_of_uneven_sizes_as_nccl_does():
         assert inputs_kept
 
 
+def _all_to_all_inputs(rank, world_size):
+    """Rank r sends rank s r + s + 1 values of its own: every pair exchanges a different size."""
+    return [torch.arange(r + rank + 1, dtype=torch.float32) + 10 * rank for r in range(world_size)]
+
+
+def _uneven_all_to_all(rank, world_size):
+    torch.cuda.set_device(rank)
+    inputs = [t.to("cuda") for t in _all_to_all_inputs(rank, world_size)]
+    outputs = [torch.empty(rank + r + 1, device="cuda") for r in range(world_size)]
+    dist.all_to_all(outputs, inputs)
+    return [t.cpu() for t in outputs]
+
+
+def test_all_to_all_of_uneven_sizes_as_nccl_does():
+    """ProcessGroupNCCL::alltoall sends and receives each tensor on its own, so their sizes may differ (an MoE
+    layer's token counts); gloo underneath refuses that and must not be what the program sees."""
+    with course.emulate(gpus=3):
+        got = course.run_threads(_uneven_all_to_all, 3, backend="nccl")
+    for rank, outputs in enumerate(got):
+        for src, t in enumerate(outputs):
+            torch.testing.assert_close(t, _all_to_all_inputs(src, 3)[rank])
+
+
 def test_receive_starts_when_both_sides_are_ready():
     """A recv posted long before the send completes when the sender's data exists, not before."""
     def ranks(rank, world_size):
@@ -341,7 +364,11 @@ def _reductions_as_nccl(rank, world_size):
                 "non_contiguous": lambda: dist.all_reduce(torch.ones(3, 2, device="cuda").t()),
                 "complex": lambda: dist.gather(torch.ones(2, dtype=torch.complex64, device="cuda"),
                                                [torch.empty(2, dtype=torch.complex64, device="cuda")] * world_size
-                                               if rank == 0 else None, dst=0)}
+                                               if rank == 0 else None, dst=0),
+                "gather_size": lambda: dist.all_gather_into_tensor(torch.empty(2 * world_size + 1, device="cuda"),
+                                                                   torch.ones(2, device="cuda")),
+                "scatter_dtype": lambda: dist.reduce_scatter_tensor(
+                    torch.empty(2, device="cuda"), torch.ones(2 * world_size, dtype=torch.half, device="cuda"))}
     for name, call in refusals.items():
         try:
             call()
@@ -376,6 +403,9 @@ def test_reductions_and_refusals_are_nccls_not_gloos():
         assert out["avg_bool"] == ("TypeError", "Cannot use ReduceOp.AVG with boolean inputs")
         assert out["non_contiguous"] == ("ValueError", "Tensors must be contiguous")
         assert out["complex"][0] == "TypeError" and "not supported for NCCL" in out["complex"][1]
+        assert out["gather_size"] == ("ValueError",
+                                      "output tensor size must be equal to world_size times input tensor size")
+        assert out["scatter_dtype"] == ("TypeError", "input tensor must be the same type as the output tensor.")
         sender = (rank - 1) % world_size
         assert torch.equal(out["p2p"], torch.arange(6.0).reshape(2, 3) + 10 * sender)
 

@@ -243,6 +243,25 @@ def test_storages_of_gpu_tensors_are_on_the_gpu(emu):
     assert host.is_shared()
 
 
+def test_storages_made_on_a_gpu_hold_what_cpu_storages_hold():
+    """`torch.UntypedStorage(n, device="cuda")`, `torch.TypedStorage(data, device="cuda")` and
+    `torch.cuda.FloatStorage(n)` are GPU storages (C++ knew no 'cuda' device: "Storage device not recognized"),
+    written and read as CPU torch's; once the emulator stops, storages are CPU torch's again."""
+    def run(device, legacy):
+        made = legacy(4)
+        made[:] = 0
+        made[1] = 5
+        return [torch.UntypedStorage(8, device=device).nbytes(), torch.UntypedStorage([1, 2], device=device).tolist(),
+                torch.TypedStorage([1, 2], dtype=torch.float, device=device).tolist(), made.tolist()]
+
+    want = run("cpu", torch.FloatStorage)
+    with course.emulate(gpus=2):
+        assert torch.cuda.FloatStorage(2).device == torch.device("cuda", 0)
+        assert torch.UntypedStorage(4, device="cuda:1").device == torch.device("cuda", 1)
+        assert run("cuda:1", torch.cuda.FloatStorage) == want
+    assert torch.UntypedStorage(4).device.type == "cpu" and run("cpu", torch.FloatStorage) == want
+
+
 def test_python_functions_that_make_tensors_on_their_inputs_device():
     def run(device):
         torch.manual_seed(0)
@@ -710,6 +729,32 @@ def test_sparse_cpu_tensor_moves_to_a_gpu_and_multiplies_as_on_cpu(emu):
     torch.testing.assert_close(back.to_dense(), sparse.to_dense())
 
 
+def test_sparse_constructors_on_a_gpu_infer_their_size_and_count_their_parts():
+    """GNN code's `torch.sparse_coo_tensor(edge_index, weights, device=device)` and `sparse_csr_tensor(crow, col,
+    values, device="cuda")` without a size, and COO parts already on the GPU: the size read from the indices as CPU
+    torch reads it (negative indices refused alike); memory is the parts' bytes, not the dense shape's. Without a size
+    they raised "Tensor.item() cannot be called on meta tensors" or "data is not allocated yet"; with one, a
+    1000x1000 COO tensor of two entries counted 4 MB."""
+    index, values = torch.tensor([[0, 3, 1], [2, 0, 4]]), torch.arange(6.0).view(3, 2)
+    crow, col = torch.tensor([0, 1, 3]), torch.tensor([2, 0, 1])
+    makers = [lambda d: torch.sparse_coo_tensor(index, values, device=d),
+              lambda d: torch.sparse_coo_tensor(index.to(d), values.to(d)),
+              lambda d: torch.sparse_csr_tensor(crow, col, values[:, 0], device=d),
+              lambda d: torch.sparse_csc_tensor(crow, col, values[:, 0], device=d)]
+    plain = [make("cpu") for make in makers]
+    with course.emulate(gpus=1):
+        for make, want in zip(makers, plain):
+            got = make("cuda")
+            assert got.device == torch.device("cuda", 0) and got.layout == want.layout and got.shape == want.shape
+            torch.testing.assert_close(got.to_dense().cpu(), want.to_dense())
+        with pytest.raises(RuntimeError, match="found negative index -1 for dim 0"):
+            torch.sparse_coo_tensor(torch.tensor([[-1, 0]], device="cuda"), torch.ones(2, device="cuda"))
+        before = torch.cuda.memory_allocated()
+        big = torch.sparse_coo_tensor(index, values[:, 0], (1000, 1000), device="cuda")
+        assert 0 < torch.cuda.memory_allocated() - before <= 1024  # 48 + 12 bytes of parts (a GPU: two 512-B blocks)
+        del big
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
 def test_sparse_tensors_made_on_a_gpu_compute_print_and_save_as_on_cpu(emu, layout):
     """Pruning and graph code: `to_sparse()` / `to_sparse_csr()` of a GPU tensor, its parts, sparse @ dense (with the
@@ -823,6 +868,65 @@ def test_tensor_from_a_list_mixing_numbers_and_gpu_scalars(emu):
                            ([[1.0, scalar], [2.0, scalar]], [[1.0, 3.5], [2.0, 3.5]])]:
         made = torch.tensor(data, device="cuda:1")
         assert made.device == torch.device("cuda", 1) and made.tolist() == expected
+
+
+def test_vmap_random_factories_draw_per_batch_element_on_the_gpu():
+    """vmap(randomness="different") batches a random factory (one draw per element): the draw lives on the GPU,
+    batched again, with plain CPU torch's values from the same seed; it could not be unbatched before."""
+    def draws(device):
+        torch.manual_seed(0)
+        x = torch.zeros(3, 4, device=device)
+        different = torch.func.vmap(lambda t: t + torch.randn(4, device=device), randomness="different")(x)
+        same = torch.func.vmap(lambda t: t + torch.rand(4, device=device), randomness="same")(x)
+        return different, same
+    plain = draws("cpu")
+    with course.emulate(gpus=1):
+        emulated = draws("cuda")
+        assert all(t.device == torch.device("cuda", 0) for t in emulated)
+        for expected, got in zip(plain, emulated):
+            assert torch.equal(got.cpu(), expected)
+
+
+def test_inside_torch_func_transforms_a_gpu_tensor_says_where_it_is_and_factories_follow():
+    """Per-sample-gradient and Jacobian code makes tensors on `x.device` inside the function it transforms: inside
+    vmap, grad and jacrev/jacfwd a GPU tensor's wrapper said "cpu" (so they were made on the host), and a tensor made
+    or moved there failed ("Cannot access data pointer", autograd.Function without setup_context, torch.tensor's
+    "mutate a captured Tensor"); linearize's JVP gave zeros. CPU torch's values, on the GPU; the answers are PyTorch's
+    own again outside the transforms."""
+    def run(device):
+        x = torch.linspace(-1, 1, 6, device=device).view(2, 3)
+        seen = []
+        def per_row(row):
+            seen.append((str(row.device), row.is_cuda, row.get_device()))
+            return (row * torch.arange(3.0, device=row.device) + torch.ones(3).to(row.device)).sum()
+        grads = torch.func.vmap(torch.func.grad(per_row))(x)
+        jac = torch.func.jacrev(lambda v: v.sin() * torch.ones(3, device=v.device))(x[0])
+        fwd = torch.func.jacfwd(lambda v: v * torch.arange(3.0).to(v.device))(x[1])
+        scaled = torch.func.grad(lambda v: (v * torch.tensor(2.0, device=v.device)).sum())(x[0])
+        # PyTorch's own linearize traces with make_fx (slow): jvp gives the plain run's values
+        linearize = torch.func.linearize if x.is_cuda else lambda f, v: (f(v), lambda t: torch.func.jvp(f, (v,), (t,))[1])
+        value, jvp_fn = linearize(lambda v: v.sin() * v, x[1])
+        results = (grads, jac, fwd, scaled, value, jvp_fn(torch.ones(3, device=device)))
+        return seen, [t.device for t in results], [t.cpu() for t in results]
+    seen, devices, plain = run("cpu")
+    assert seen[0] == ("cpu", False, -1)
+    with course.emulate(gpus=2):
+        seen, devices, emulated = run("cuda:1")
+        assert seen[0] == ("cuda:1", True, 1) and all(d == torch.device("cuda", 1) for d in devices)
+        assert "device" not in vars(torch.Tensor)
+    for got, want in zip(emulated, plain):
+        torch.testing.assert_close(got, want)
+
+
+def test_make_fx_of_gpu_tensors_is_refused_by_name(emu):
+    """make_fx traced the ops the emulator runs on a GPU tensor's host tensor as constants: its graph gave wrong
+    values. It is refused by name; CPU tensors trace as before."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    def f(x):
+        return x.sin() + torch.ones(3, device=x.device)
+    with pytest.raises(RuntimeError, match=r"make_fx .* of GPU tensors is not modelled"):
+        make_fx(f)(torch.zeros(3, device="cuda"))
+    torch.testing.assert_close(make_fx(f)(torch.zeros(3))(torch.ones(3)), f(torch.ones(3)))
 
 
 def test_ensemble_base_model_moves_to_meta_and_vmap_matches_each_model(emu):
@@ -1098,10 +1202,14 @@ def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
     """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
-    synchronize and nonzero or boolean-mask indexing (sized by the GPU's data), not at non-blocking copies or plain
-    kernels; 'error' raises;
+    synchronize, nonzero, boolean-mask indexing and assignment, repeat_interleave without output_size (sized by
+    the GPU's data) and host index tensors (copied over from pageable memory), not at non-blocking copies, plain
+    kernels, GPU index tensors, a mask filled with a number (ATen's masked_fill_) or an output_size given; 'error'
+    raises;
     'default' is silent, and get_sync_debug_mode gives the mode back as PyTorch's integer."""
     x = torch.randn(64, 64).cuda()
+    rows, repeats = torch.tensor([0, 2], device="cuda"), torch.tensor([2, 1], device="cuda")
+    host_rows = rows.cpu()
     torch.cuda.set_sync_debug_mode("warn")
     assert torch.cuda.get_sync_debug_mode() == 1
     with warnings.catch_warnings(record=True) as quiet:
@@ -1109,9 +1217,12 @@ def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
         y = x @ x
         x.to("cuda:1", non_blocking=True)
         torch.randn(8).to("cuda", non_blocking=True)
+        y[rows], y[rows], y[y > 5] = y[rows] * 2, 0.0, 5.0
+        torch.repeat_interleave(y[:2], repeats, dim=0, output_size=3)
     assert not [w for w in quiet if "synchronizing" in str(w.message)]
     for syncing in (lambda: y.sum().item(), lambda: torch.nonzero(y > 0), lambda: y[y > 0], lambda: y.cpu(),
-                    lambda: torch.cuda.current_stream().synchronize()):
+                    lambda: torch.cuda.current_stream().synchronize(), lambda: y[host_rows],
+                    lambda: y.index_put_((y > 0,), y[0, 0]), lambda: torch.repeat_interleave(y[:2], repeats, dim=0)):
         with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
             syncing()
     torch.cuda.set_sync_debug_mode("error")

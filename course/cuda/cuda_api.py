@@ -356,11 +356,21 @@ class _LegacyTensorMeta(type):
         return isinstance(obj, torch.Tensor) and obj.is_cuda and obj.dtype == cls.dtype
 
 
+_legacy_warned = False
+
+
 def _legacy_tensor_type(name: str, dtype: torch.dtype):
     """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2], device=1)`: the CPU constructor's tensor, on
-    the current GPU or `device` (a copy from the host, as the legacy constructor does for data)."""
+    the current GPU or `device` (a copy from the host, as the legacy constructor does for data), with the warning
+    PyTorch gives once (torch/csrc/tensor/python_tensor.cpp, TORCH_WARN_ONCE)."""
 
     def __new__(cls, *args, device=None, **kwargs):
+        global _legacy_warned
+        if not _legacy_warned or torch.is_warn_always_enabled():
+            _legacy_warned = True
+            warnings.warn("The torch.cuda.*DtypeTensor constructors are no longer recommended. It's best to use "
+                          "methods such as torch.tensor(data, dtype=*, device='cuda') to create tensors.",
+                          UserWarning, stacklevel=2)
         return getattr(torch, name)(*args, **kwargs).cuda(device)
 
     return _LegacyTensorMeta(name, (), {"__new__": __new__, "dtype": dtype, "is_cuda": True,

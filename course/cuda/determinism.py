@@ -5,9 +5,10 @@ on a GPU box. Each op listed below raises PyTorch's own error, with the caller n
 `at::Context::alertNotDeterministic` (aten/src/ATen/Context.cpp), under the conditions the kernel checks; with
 `warn_only=True` it warns instead. The list is the one torch.use_deterministic_algorithms documents as raising on CUDA
 (ops it documents as raising everywhere, such as `put_` without accumulate or MaxUnpool, already raise in the CPU
-kernel). Every cuBLAS matmul calls `alertCuBLASConfigNotDeterministic` (aten/src/ATen/cuda/CUDABlas.cpp), which raises
-unless CUBLAS_WORKSPACE_CONFIG is ":4096:8" or ":16:8"; PyTorch reads the variable once, at the first cuBLAS call of
-the process, and so does this.
+kernel); ReflectionPad2d's backward, which the list still names, has a deterministic CUDA kernel
+(aten/src/ATen/native/cuda/ReflectionPad.cu) and runs. Every cuBLAS matmul calls `alertCuBLASConfigNotDeterministic`
+(aten/src/ATen/cuda/CUDABlas.cpp), which raises unless CUBLAS_WORKSPACE_CONFIG is ":4096:8" or ":16:8"; PyTorch
+reads the variable once, at the first cuBLAS call of the process, and so does this.
 """
 from __future__ import annotations
 
@@ -78,6 +79,12 @@ def _always(caller: str):
     return lambda func, args, kwargs: _not_deterministic(caller)
 
 
+def _functional_or_out(kernel: str):
+    """A CUDA kernel pair that alerts as `<kernel>_cuda`, and as `<kernel>_out_cuda` for its out= overload."""
+    return lambda func, args, kwargs: _not_deterministic(
+        f"{kernel}_cuda" if func._overloadname == "default" else f"{kernel}_out_cuda")
+
+
 def _when(caller: str, condition):
     def check(func, args, kwargs):
         if condition(_named(func, args, kwargs)):
@@ -104,17 +111,17 @@ ALERTS = {
     aten.bmm: _gemm("self", "mat2"), aten.baddbmm: _gemm("batch1", "batch2"), aten.addbmm: _gemm("batch1", "batch2"),
     aten.mv: _gemm("self", "vec"), aten.addmv: _gemm("mat", "vec"),
     aten.avg_pool3d_backward: _always("avg_pool3d_backward_cuda"),
-    aten._adaptive_avg_pool2d_backward: _always("adaptive_avg_pool2d_backward_out_cuda"),
-    aten._adaptive_avg_pool3d_backward: _always("adaptive_avg_pool3d_backward_out_cuda"),
-    aten.adaptive_max_pool2d_backward: _always("adaptive_max_pool2d_backward_out_cuda"),
+    # autograd calls the functional kernels, which alert under their own names (the out= ones say "_out_cuda")
+    aten._adaptive_avg_pool2d_backward: _always("adaptive_avg_pool2d_backward_cuda"),
+    aten._adaptive_avg_pool3d_backward: _always("adaptive_avg_pool3d_backward_cuda"),
+    aten.adaptive_max_pool2d_backward: _always("adaptive_max_pool2d_backward_cuda"),
     aten.fractional_max_pool2d_backward: _always("fractional_max_pool2d_backward_cuda"),
-    aten.fractional_max_pool3d_backward: _always("fractional_max_pool3d_backward_out_cuda"),
+    aten.fractional_max_pool3d_backward: _functional_or_out("fractional_max_pool3d_backward"),
     aten.upsample_linear1d_backward: _always("upsample_linear1d_backward_out_cuda"),
     aten.upsample_bilinear2d_backward: _always("upsample_bilinear2d_backward_out_cuda"),
     aten.upsample_bicubic2d_backward: _always("upsample_bicubic2d_backward_out_cuda"),
     aten.upsample_trilinear3d_backward: _always("upsample_trilinear3d_backward_out_cuda"),
     aten.reflection_pad1d_backward: _always("reflection_pad1d_backward_out_cuda"),
-    aten.reflection_pad2d_backward: _always("reflection_pad2d_backward_cuda"),
     aten.reflection_pad3d_backward: _always("reflection_pad3d_backward_out_cuda"),
     aten.nll_loss2d_forward: _when("nll_loss2d_forward_out_cuda_template", lambda n: n["reduction"] != 0),
     aten._ctc_loss_backward: _always("ctc_loss_backward_gpu"),

@@ -189,7 +189,12 @@ class EmulatedTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         wait_for(self, "print")
         with torch._C.DisableTorchFunction():
-            return _format(self)
+            text = _format(self)
+        # nn.Parameter keeps a tensor subclass's class and flags it instead; on a GPU box it is a Parameter,
+        # whose __repr__ (torch/nn/parameter.py) puts this line first. A program's own subclass keeps its repr.
+        if type(self) is EmulatedTensor and self.__dict__.get("_is_param", False):
+            return "Parameter containing:\n" + text
+        return text
 
     def tolist(self):
         """`.tolist()`, also where torch functions are off: a jagged tensor's ops read its offsets so (unbind)."""
@@ -212,12 +217,28 @@ class EmulatedTensor(torch.Tensor):
             return format(self.item(), spec)
         return object.__format__(self, spec)
 
+    def __copy__(self):
+        """`copy.copy(x)`: another leaf tensor on x's memory, with its requires_grad and attributes, as PyTorch
+        rebuilds one from the storage it shares (`Tensor.__reduce_ex__`); pickling would have copied the values."""
+        twin = self.detach().requires_grad_(self.requires_grad)
+        for key, value in self.__dict__.items():
+            if key not in ("_inner", "_device_index", "_block"):
+                setattr(twin, key, value)
+        return twin
+
     def __deepcopy__(self, memo):
-        """A clone on the same device (with its own memory), carrying over grad and user attributes."""
+        """A copy on the same device (with its own memory), carrying over grad and user attributes. As in
+        `Tensor.__deepcopy__`, a GPU tensor is rebuilt on the deep copy of its storage, which `memo` keeps: tensors
+        that shared memory (views, the storages themselves) still share it in the copy."""
         if id(self) in memo:
             return memo[id(self)]
         with torch.no_grad():
-            twin = self.clone()
+            if self._device_index == CPU or self._block is None or not _plain_values(self._inner):
+                twin = self.clone()
+            else:
+                storage = copy.deepcopy(self.untyped_storage(), memo)
+                twin = torch.empty(0, dtype=self.dtype, device=self.device).set_(
+                    storage, self.storage_offset(), self.size(), self.stride())
         twin.requires_grad_(self.requires_grad)
         if self.grad is not None:
             twin.grad = copy.deepcopy(self.grad, memo)
@@ -250,6 +271,11 @@ class EmulatedTensor(torch.Tensor):
                 raise
             # The error belongs to the torch call that reached this kernel: the emulator's frames are dropped.
             raise error.with_traceback(None) from error.__cause__
+
+
+def _plain_values(inner: torch.Tensor) -> bool:
+    """Whether a tensor is its storage's values read through sizes and strides (no layout or math bit to redo)."""
+    return inner.layout is torch.strided and not (inner.is_meta or inner.is_conj() or inner.is_neg())
 
 
 # On a GPU, optimizers and gradient clipping default to their foreach (multi-tensor) kernels; both check

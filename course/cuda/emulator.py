@@ -22,9 +22,9 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
-                         devices, environment, fsdp1, fsdp2, graphs, interception, kernels, legacy_types, module_calls,
-                         nccl, nested_fastpath, profiling, rank_rng, replica_rng, rpc, storages, subclasses, threaded_pg,
-                         wall_clock)
+                         cuda_libraries, devices, environment, fsdp1, fsdp2, functorch_layers, graphs, interception,
+                         kernels, legacy_types, module_calls, nccl, nested_fastpath, profiling, rank_rng, replica_rng,
+                         rpc, storages, subclasses, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -140,7 +140,8 @@ class Emulator:
         self._patch(torch._C, {"_group_tensors_by_device_and_dtype": kernels.group_tensors_by_device_and_dtype})
         for target, replacements in cuda_api.module_patches(self.physical_gpus):  # torch._C, RNG, torch.cuda.memory
             self._patch(target, replacements)
-        self._patch(torch, {"device": interception.device})  # torch.device(1) is cuda:1, as on a GPU box
+        self._patch(torch, {"device": interception.device,  # torch.device(1) is cuda:1, as on a GPU box
+                            "range": interception.factory_range})
         self._patch(torch.fx.graph, interception.fx_graph_patches())  # and in FX's generated code
         for target, replacements in build_info.PATCHES:  # torch.version.cuda, cudnn.version(): a CUDA build's
             self._patch(target, replacements)
@@ -171,6 +172,10 @@ class Emulator:
         for target, replacements in module_calls.PATCHES:
             self._patch(target, replacements)
         for target, replacements in checkpoints.patches() + storages.PATCHES:  # storages of GPU tensors, saved too
+            self._patch(target, replacements)
+        for target, replacements in cuda_libraries.patches():  # preferred linalg/BLAS library, cuFFT plan cache
+            self._patch(target, replacements)
+        for target, replacements in functorch_layers.PATCHES:  # a GPU tensor's device inside vmap, grad, jvp
             self._patch(target, replacements)
         for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor) of a GPU tensor
             self._patch(target, replacements)

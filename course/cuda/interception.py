@@ -13,12 +13,12 @@ import torch
 import torch.utils._device
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (attention, cudnn_rnn, graph_moves, half_fft, inner_factories, packed_sequences, storages,
-                         subclasses)
+from course.cuda import (aliasing_factories, attention, cudnn_rnn, functorch_layers, graph_moves, half_fft,
+                         inner_factories, packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
-from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, pin, program_dispatch_mode,
-                                   to_host_copy)
+from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
+                                   program_dispatch_mode, to_host_copy)
 from course.machine import costs
 
 
@@ -65,6 +65,11 @@ def _unwrap(value):
 
 
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
+# Sparse constructors take their parts' values: without a size they read the indices for one (a meta tensor has
+# none to read), and what they hold is their parts, not the dense shape. Like tensors of host data, they are made
+# on the host first.
+_SPARSE_FROM_PARTS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                      torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
 
 
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted"}
@@ -82,16 +87,25 @@ def _create_on_device(func, device, args, kwargs):
             return func(*args, **dict(kwargs, device=torch.device("cuda", index)))
     requires_grad = kwargs.pop("requires_grad", False)
     kwargs.pop("pin_memory", None)
+    if func in aliasing_factories.ALIASING:
+        aliasing_factories.refuse_host_alias(func, args, kwargs, index)
     args = tuple(_unwrap(a) for a in args)
     # and keyword ones: `linspace(start=gpu_scalar, ...)` (torch.signal.windows.kaiser) made a GPU tensor inside a GPU
     # tensor, whose .cpu() stayed on the GPU
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     with torch._C.DisableTorchFunction():
-        shape_only = func(*args, **dict(kwargs, device="meta"))
-        nbytes = shape_only.numel() * shape_only.element_size()
+        # inside a torch.func transform the tensor comes back wrapped (a random one batched: a draw per element);
+        # one made of host data is made there (its data is in host memory already; torch.tensor(..., device="meta")
+        # inside grad would mutate a captured tensor)
+        from_data = emu.materialize and (func in _SPARSE_FROM_PARTS or func in _FROM_HOST_DATA)
+        shape_only, layers = functorch_layers.peeled(_sized(func, args, kwargs, emu.materialize, from_data))
+        nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
-        inner = shape_only if not emu.materialize else _on_host(func, args, kwargs, nbytes)
-    if func in _FROM_HOST_DATA:
+        inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.peeled(
+            _on_host(func, args, kwargs, nbytes))[0]
+        if func in aliasing_factories.ALIASING and emu.materialize:
+            inner = inner.clone()  # as_tensor/asarray alias host data; a GPU tensor owns its memory
+    if func in _FROM_HOST_DATA or func in _SPARSE_FROM_PARTS:
         block.ready_ns = emu.clock.launch("copy", "copy cpu->cuda", index, emu.current_stream_id(index),
                                           costs.copy_ns(emu.host_link, nbytes, pinned=False),
                                           nbytes=nbytes, peer="cpu")
@@ -100,7 +114,20 @@ def _create_on_device(func, device, args, kwargs):
         duration = costs.kernel_ns(emu.gpu, 0, nbytes, inner.dtype, False, False)
         block.ready_ns = emu.clock.launch("kernel", f"aten::{getattr(func, '__name__', 'fill')}", index,
                                           emu.current_stream_id(index), duration, nbytes=nbytes)
-    return wrap(inner.detach(), index, block, requires_grad)
+    inner = functorch_layers.peeled(inner.detach())[0]  # an op inside a transform: its result comes back wrapped
+    return functorch_layers.rewrapped(wrap(inner, index, block, requires_grad), layers)
+
+
+_QUANTIZED = {torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+
+
+def _sized(func, args, kwargs, materialize: bool, from_data: bool) -> torch.Tensor:
+    """The new tensor on the meta device, to size it before anything is allocated. Made of host data, or quantized
+    (`torch._empty_affine_quantized`, which a CUDA build runs for QuantizedCUDA, has no meta kernel), its host tensor,
+    which holds the values anyway, is made first."""
+    if from_data or (materialize and kwargs.get("dtype") in _QUANTIZED):
+        return func(*args, **dict(kwargs, device="cpu"))
+    return func(*args, **dict(kwargs, device="meta"))
 
 
 def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
@@ -213,6 +240,8 @@ def _in_memory_format(tensor, memory_format):
 
 def _cuda(self, device=None, non_blocking=False, memory_format=None):
     emu = current_emulator(".cuda()")
+    if device is not None and not _is_index(device) and torch.device(device).type != "cuda":
+        raise RuntimeError("Invalid device, must be cuda device")
     index = emu.current_device() if device is None else parse_device(device, emu)
     return _in_memory_format(move(self, index, non_blocking), memory_format)
 
@@ -314,6 +343,14 @@ def _new(self, *args, **kwargs):
     if self.layout is torch.sparse_coo and args and isinstance(args[0], torch.Tensor):
         return torch.sparse_coo_tensor(*args, **{"check_invariants": False, **kwargs})
     device = kwargs.pop("device", None)
+    if device is not None:  # tensor_new.cpp's checks of legacy_tensor_new, which C++ would make against the CPU
+        if args and isinstance(args[0], torch.Tensor):
+            raise RuntimeError("Legacy tensor new of the form tensor.new(tensor, device=device) is not supported.  "
+                               "Use torch.as_tensor(...) instead.")
+        wanted = "cuda" if _is_index(device) else torch.device(device).type
+        if wanted != self.device.type:
+            raise RuntimeError(f"legacy constructor expects device type: {self.device.type} but device type: "
+                               f"{wanted} was passed")
     if device is None and isinstance(self, EmulatedTensor):
         device = self.device
     with torch._C.DisableTorchFunctionSubclass():
@@ -354,6 +391,24 @@ def _set_data(self, new):
         self._inner, self._device_index, self._block = new._inner, new._device_index, new._block
 
 
+def _set_grad(self, grad):
+    """`tensor.grad = g` refuses a gradient on another device with THPVariable_set_grad's words: its C++ compares the
+    CPU devices emulated tensors have underneath, and took a GPU gradient for a host tensor, or one from another GPU."""
+    if isinstance(grad, torch.Tensor) and isinstance(self, torch.Tensor):
+        mine, theirs = device_of(self), device_of(grad)
+        if (mine == CPU) != (theirs == CPU):
+            raise RuntimeError(
+                f"attempting to assign a gradient with device type '{'cpu' if theirs == CPU else 'cuda'}' to a tensor "
+                f"with device type '{'cpu' if mine == CPU else 'cuda'}'. Please ensure that the gradient and the "
+                "tensor are on the same device")
+        if mine != theirs:
+            raise RuntimeError(
+                f"attempting to assign a gradient located on device with index '{theirs}' to a tensor located on "
+                f"device with index '{mine}'. Please ensure that the gradient and the tensor are on the same device")
+    with torch._C.DisableTorchFunctionSubclass():
+        torch.Tensor.grad.__set__(self, grad)
+
+
 def _take_gpu_tensor(host, gpu):
     """`host_tensor.data = gpu_tensor`, which `model.to("cuda")` runs when autograd still holds a parameter (a CPU
     forward pass's output alive, as tests keep their reference output): the tensor's Python object, which optimizers
@@ -384,7 +439,9 @@ def on_gradient_device(gradient, tensor):
     Backward formulas make some gradients from the input's sizes and options alone (`copysign`'s gradient for its
     sign argument, `sgn`'s, `normal`'s, `repeat` with a zero count: `at::zeros(sizes, options)`), and on a CPU
     build those options name the host. On a GPU that gradient is a GPU tensor, made by a fill kernel."""
-    if (gradient is None or isinstance(gradient, EmulatedTensor) or not isinstance(tensor, EmulatedTensor)
+    if isinstance(gradient, EmulatedTensor):
+        return _scalar_gradient_on_host(gradient, tensor)
+    if (gradient is None or not isinstance(tensor, EmulatedTensor)
             or tensor._device_index == CPU or gradient.layout is not torch.strided or _batched(gradient)):
         return gradient
     emu, index = current_emulator("gradient"), tensor._device_index
@@ -394,6 +451,15 @@ def on_gradient_device(gradient, tensor):
                                       costs.kernel_ns(emu.gpu, 0, nbytes, gradient.dtype, False, False), nbytes=nbytes)
     inner = gradient.detach() if emu.materialize else gradient.detach().to("meta")
     return wrap(inner, index, block)
+
+
+def _scalar_gradient_on_host(gradient: EmulatedTensor, tensor) -> torch.Tensor:
+    """A 0-dim CPU tensor used with GPU tensors (a scalar parameter, `x * a` with x on the GPU) has its gradient on
+    the CPU: the autograd engine moves a 0-dim gradient to its input's device (`validate_outputs`, engine.cpp),
+    which it cannot see here, where a GPU tensor's C++ device is the CPU too."""
+    if gradient.dim() == 0 and gradient._device_index != CPU and device_of(tensor) == CPU:
+        return gradient.to("cpu")
+    return gradient
 
 
 def _batched(gradient) -> bool:
@@ -442,10 +508,36 @@ def _lengths_read_on_host(ctc_loss):
             # routed again, so that the call the C++ below sees was given no CPU tensor (kernels._from_torch_internals)
             return handle_torch_function(ctc_loss, (log_probs, targets, input_lengths.tolist(),
                                                     target_lengths.tolist()) + args, kwargs)
+        blank = args[0] if args else kwargs.get("blank", 0)
+        if _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank):
+            targets = targets.to(log_probs.device)
         with torch._C.DisableTorchFunctionSubclass():
             return ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
 
     return run
+
+
+def _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank) -> bool:
+    """Whether CUDA PyTorch runs cuDNN's CTC (`_use_cudnn_ctc_loss`, LossCTC.cpp), which takes int32 targets on the
+    host; the native kernel the emulator runs then gets them on the GPU, with the same losses and gradients."""
+    return (torch.backends.cudnn.enabled and blank == 0 and isinstance(targets, torch.Tensor) and targets.dim() == 1
+            and targets.dtype == torch.int32 and targets.device.type == "cpu" and targets.is_contiguous()
+            and log_probs.is_cuda and log_probs.dtype == torch.float32 and log_probs.dim() == 3
+            and all(length == log_probs.size(0) for length in input_lengths)
+            and all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths)))
+
+
+def _take_along_dim(input, indices, dim=None, *, out=None):
+    """`torch.take_along_dim` checks its tensors' devices itself before the gather it runs (checkDevice,
+    TensorAdvancedIndexing.cpp): its words, where the gather's would name two devices. Its C++ sees the CPU device
+    emulated tensors have underneath."""
+    for tensor in (indices, out):
+        if tensor is not None and device_of(tensor) != device_of(input):
+            raise RuntimeError(f"Expected tensor to have {device_name(device_of(input))} Device, but got tensor with "
+                               f"{device_name(device_of(tensor))} Device (while checking arguments for "
+                               "torch.take_along_dim():)")
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.take_along_dim(input, indices, dim, out=out)
 
 
 def _type(self, dtype=None, non_blocking=False, **kwargs):
@@ -494,9 +586,12 @@ _HANDLERS = {
     torch.Tensor.type_as: _type_as,
     torch.Tensor.data.__set__: _set_data,
     torch.Tensor.grad.__get__: _grad,
+    torch.Tensor.grad.__set__: _set_grad,
     torch.autograd.grad: _grad_of,
     torch.linalg.matrix_rank: _empty_result_on_device(torch.linalg.matrix_rank),
     torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
+    torch.take_along_dim: _take_along_dim,
+    torch.Tensor.take_along_dim: _take_along_dim,
     torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
     torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
@@ -558,6 +653,8 @@ def _check_generator(func, args, kwargs, generator):
     generator that `torch.cuda.default_generators` holds here (course/cuda/rng.py) stands for a CUDA one."""
     if any(generator is d for d in torch.cuda.default_generators):
         return
+    if func is torch.randperm and args and args[0] == 0:  # randperm of nothing draws nothing, on any generator
+        return
     device = kwargs.get("device")
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
@@ -571,11 +668,57 @@ def _check_generator(func, args, kwargs, generator):
         raise RuntimeError(f"Expected a '{want}' device type for generator but found '{generator.device.type}'")
 
 
+_TO_KEYS = {"dtype", "device"}
+_SPARSE_FROM_TENSORS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                        torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
+
+
+def _sparse_from_tensors(func, args, kwargs):
+    """`torch.sparse_coo_tensor(indices, values, size, device="cuda")`: its indices and values moved there (or to the
+    values' device) with `.to(device)`, as the Python binding moves them, and the constructor run on them, so that
+    autograd records it (made as a new GPU tensor, the result had no grad_fn and gradients stopped at it; host
+    indices with GPU values were refused). Two things read the indices through host pointers, which an emulated
+    tensor has none of, and run on a host copy, as CUDA's read a host copy: the invariant checks
+    (`check_invariants`, on in PyTorch's test suite), and, with no size given, the size PyTorch infers from them (their
+    largest entries plus one; GNN code's `sparse_coo_tensor(edge_index, weights, device=device)`)."""
+    kwargs = dict(kwargs)
+    device = kwargs.pop("device", None)
+    if device is None:  # the values' device, where the binding moves the indices (tensor_new.cpp)
+        position = 1 if func is torch.sparse_coo_tensor else 2
+        values = args[position] if len(args) > position else kwargs.get("values")
+        device = values.device if isinstance(values, torch.Tensor) else None
+    if device is not None:
+        args = tuple(handle_torch_function(torch.Tensor.to, (a, device), {}) if isinstance(a, torch.Tensor) else a
+                     for a in args)
+    check = kwargs.get("check_invariants")
+    check = bool(check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled())
+    sized = len(args) > (2 if func is torch.sparse_coo_tensor else 3) or kwargs.get("size") is not None
+    if check or not sized:
+        with torch._C.DisableTorchFunctionSubclass():
+            on_the_host = func(*on_host(args), **dict(kwargs, check_invariants=check))
+        if not sized:
+            kwargs["size"] = on_the_host.shape
+        if check:
+            kwargs["check_invariants"] = False
+    return _run_unrouted(func, (), args, kwargs)
+
+
 def _route_torch_function(func, args, kwargs):
     """Take over the calls that name a device, pass the rest on."""
     generator = kwargs.get("generator")
     if generator is not None:
         _check_generator(func, args, kwargs, generator)
+    if func in aliasing_factories.ALIASING and len(args) == 1 and isinstance(args[0], EmulatedTensor) and \
+            kwargs.keys() <= _TO_KEYS:
+        # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
+        # nothing changes, autograd's graph kept (made anew, it had no grad_fn, and one for another GPU shared memory)
+        return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
+    if func in _SPARSE_FROM_TENSORS and any(isinstance(a, torch.Tensor) for a in args) and \
+            (kwargs.get("device") is not None or any(isinstance(a, EmulatedTensor) for a in args)):
+        return _sparse_from_tensors(func, args, kwargs)
+    if func in aliasing_factories.ALIASING and args and isinstance(args[0], EmulatedTensor) \
+            and args[0]._device_index != CPU and kwargs.get("device") is not None:
+        return aliasing_factories.from_gpu_tensor(func, args[0], kwargs)
     if func in _FROM_HOST_DATA and args and holds_gpu_tensors(args[0]):  # `torch.tensor([loss_a, loss_b])`
         args = (on_host(args[0]),) + args[1:]
     elif func in _FROM_HOST_DATA and args and isinstance(args[0], EmulatedTensor) and _names_host(kwargs.get("device")):
@@ -583,9 +726,17 @@ def _route_torch_function(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    return _route_factory(func, args, kwargs)
+
+
+def _route_factory(func, args, kwargs):
+    """A call no handler takes: a factory aimed at a GPU is made there, anything else runs as it is."""
     device = kwargs.get("device") if kwargs else None
     if device is None and func in torch.utils._device._device_constructors():
         device = _default_device()
+    if device is not None and isinstance(kwargs.get("out"), torch.Tensor):  # the kernel writes into `out`, where it is
+        _check_out_device(device, kwargs["out"])
+        device, kwargs = None, {k: v for k, v in kwargs.items() if k != "device"}
     if device is not None and func in _FILLED_LIKE and args and _dtensor(args[0]):
         return _dtensor_shaped_like(func, args, kwargs)
     if device is not None and not (isinstance(device, str) and device.startswith(("cpu", "meta"))):
@@ -598,6 +749,22 @@ def _route_torch_function(func, args, kwargs):
             return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def _check_out_device(device, out: torch.Tensor) -> None:
+    """A factory's `device=` beside `out=`: PyTorch's Python bindings compare only its type with `out`'s
+    (check_out_type_matches, torch/csrc/utils/out_types.cpp); C++ would compare it with the wrapper's CPU device."""
+    wanted = "cuda" if _is_index(device) else torch.device(device).type
+    if wanted != out.device.type:
+        raise RuntimeError(f"device type {wanted} does not match device type of out parameter ({out.device.type})")
+
+
+_range = torch.range
+
+
+def factory_range(*args, **kwargs):
+    """`torch.range` (deprecated): its Python binding skips torch-function modes, so `device="cuda"` reached C++."""
+    return handle_torch_function(_range, args, kwargs)
 
 
 class EmulatorMode(TorchFunctionMode):

@@ -5,7 +5,9 @@ that the CPU kernel has, read from the CUDA sources in aten/src/ATen/native/cuda
 floating and complex only), IGammaKernel.cu (igamma, igammac: floating only), SummaryOps.cu (`_histc_cuda`: no Half, no
 BFloat16), UpSampleBilinear2d.cu and UpSampleBicubic2d.cu (floating only), DilatedMaxPool2d.cu, DilatedMaxPool3d.cu,
 AveragePool2d.cu, AveragePool3d.cu (floating only), Dropout.cu (`masked_scale`: floating only), ScatterGatherKernel.cu
-(scatter_reduce's prod, amax, amin and mean: no Bool). Integer convolutions
+(scatter_reduce's prod, amax, amin and mean: no Bool), LossCTC.cu and Distance.cu (ctc_loss, cdist and pdist: float
+and double only; the CPU lacks half too, but its error would say a GPU runs them; cdist's matrix-product path for p=2
+takes half, and is another op). Integer convolutions
 run on the CPU's slow kernels; on CUDA the slow kernels `_select_conv_backend` (Convolution.cpp) falls back to dispatch
 floating dtypes only (ConvolutionMM2d.cu, DilatedConvolution.cu, DepthwiseConv2d.cu, NaiveConvolutionTranspose2d.cu and
 3d.cu), so the error names the one that backend choice reads as picked.
@@ -51,6 +53,9 @@ _REFUSED = {
     aten.native_dropout_backward: ("masked_scale", _INTEGERS, False),
     aten.scatter_reduce: ("cuda_scatter_gather_base_kernel_func", frozenset({torch.bool}), False),  # not for "sum"
     aten.scatter_reduce_: ("cuda_scatter_gather_base_kernel_func", frozenset({torch.bool}), False),
+    aten._ctc_loss: ("ctc_loss_cuda", _HALVES, False),
+    aten._cdist_forward: ("cdist_cuda", _HALVES, False),
+    aten._pdist_forward: ("pdist_cuda", _HALVES, False),
     aten.convolution: (None, _INTEGERS, False),  # the name depends on the slow kernel chosen: _convolution_kernel
 }
 

@@ -15,11 +15,11 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, graphs, host_only_ops, kernel_dtypes,
-                         quantized, sync_debug)
-from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, parse_device, sparse_parts, wrap
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs,
+                         host_only_ops, kernel_dtypes, quantized, sync_debug)
+from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
-from course.cuda.transfers import _raw_move, copy_into, moving_to_host, read_scalar
+from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
 from course.machine import costs
 
 
@@ -107,8 +107,7 @@ class _OpInfo:
                                 torch.ops.aten.convolution.default, _LAYOUT, _TO_COPY) or \
             func in foreach_devices.PACKED_SCALARS
         # Ops whose CUDA kernel may wait for the GPU to size its output: torch.cuda.set_sync_debug_mode warns there.
-        self.sizes_from_data = (func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS
-                                or func is torch.ops.aten.index.Tensor)
+        self.sizes_from_data = func._overloadpacket in sync_debug.DATA_DEPENDENT_OPS or func in sync_debug.SOMETIMES
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
@@ -166,6 +165,8 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
     DDP's gradient buckets) makes plain CPU tensors that stand for memory on the op's GPU: those join
     the GPU too, and the second result says so (see `host_scratch`).
     """
+    if func is _BLOCK_DIAG:
+        _check_block_diag_devices(tensors)
     device, scratch = None, False
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
@@ -187,11 +188,39 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
     return device, scratch
 
 
+_BLOCK_DIAG = torch.ops.aten.block_diag.default
+
+
+def _check_block_diag_devices(tensors) -> None:
+    """block_diag compares each input's device with the first's itself (0-dim CPU tensors too), in its own words."""
+    first = device_of(tensors[0])
+    for position, tensor in enumerate(tensors[1:], 1):
+        if device_of(tensor) != first:
+            raise RuntimeError("torch.block_diag: input tensors must all be on the same device. Input 0 is on device "
+                               f"{device_name(first)} and input {position} is on device "
+                               f"{device_name(device_of(tensor))}")
+
+
 # CUDA indexing accepts index tensors on the CPU and copies them over itself (ATen's index and index_put); a CPU
 # tensor takes no GPU index tensors.
 _INDEX = torch.ops.aten.index.Tensor
 _HOST_INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                    torch.ops.aten._index_put_impl_.default}
+_PUT_OPS = _HOST_INDEX_OPS - {_INDEX}
+
+
+def _check_put_values(args, kwargs, device: int) -> None:
+    """Only the index tensors of `gpu_x[cpu_idx] = v` may stay on the host: the values must be on x's GPU (a 0-dim
+    CPU tensor is copied over), as ATen's `_index_put_impl_` checks on its sort path (accumulate, or deterministic
+    algorithms) and TensorIterator on the other."""
+    values = args[2] if len(args) > 2 else kwargs["values"]
+    on_host = values._device_index == CPU if isinstance(values, EmulatedTensor) else values.device.type == "cpu"
+    if values.dim() == 0 or not on_host:
+        return
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if accumulate or torch.are_deterministic_algorithms_enabled() and values.numel() > 1:
+        raise RuntimeError(f"expected device {device_name(device)} but got device cpu for value tensor")
+    raise device_mismatch(device, CPU)
 
 
 def _from_torch_internals() -> bool:
@@ -218,18 +247,10 @@ def _from_torch_internals() -> bool:
 
 def _host_tensor_among(args, kwargs) -> bool:
     """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device)."""
-    leaves = [_under_functorch(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+    leaves = [functorch_layers.unwrapped(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
               if isinstance(t, torch.Tensor)]
     return any(t.dim() > 0 and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
                for t in leaves)
-
-
-def _under_functorch(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor a torch.func transform wrapped (jvp's dual, grad's, vmap's batched): the wrapper has the CPU
-    device of the emulated tensor's C++ part, so it is the tensor inside that says where the data lives."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
-        tensor = torch._C._functorch.get_unwrapped(tensor)
-    return tensor
 
 
 # Plain CPU tensors that PyTorch's C++ uses as GPU memory (DDP's buckets): when their contents are ready,
@@ -351,6 +372,8 @@ def run_kernel(emu, func, args, kwargs):
             if foreach_devices.reroutes(func, args):
                 return foreach_devices.run(func, args, kwargs)
             device, scratch = _common_device(func, tensors)
+            if func in _PUT_OPS and device != CPU:
+                _check_put_values(args, kwargs, device)
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
         device = t._device_index
@@ -373,7 +396,7 @@ def run_kernel(emu, func, args, kwargs):
         if func is torch.ops.aten.convolution.default and torch._C._get_tracing_state() is not None:
             return _traced_convolution(emu, args)
     if info.sizes_from_data and emu.sync_debug_mode and device not in (None, CPU) and \
-            sync_debug.is_data_dependent(func, args):
+            sync_debug.is_data_dependent(func, args, kwargs):
         sync_debug.on_sync(emu)
     if info.alert is not None and device is not None and device != CPU and _deterministic():
         info.alert(func, args, kwargs)

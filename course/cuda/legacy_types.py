@@ -74,11 +74,25 @@ def _original_type(value):
 
 
 _set_default_tensor_type = torch.set_default_tensor_type
+_gpu_default = False  # whether a `torch.cuda.*Tensor` type made the GPU the default device
 
 
 def set_default_tensor_type(t):
-    """`torch.set_default_tensor_type(torch.FloatTensor)` with the class above: PyTorch's C++ wants its own."""
-    return _set_default_tensor_type(_original_type(t))
+    """`torch.set_default_tensor_type(torch.FloatTensor)` with the class above: PyTorch's C++ wants its own.
+    A CUDA type (`torch.cuda.DoubleTensor` or its name) sets its dtype and makes factories without a device make
+    tensors on the current GPU, as CUDA's backend does on a GPU box; a CPU type brings them back to the host."""
+    global _gpu_default
+    name = t if isinstance(t, str) else f"{t.__module__}.{t.__name__}"
+    host_type = getattr(torch, name.rsplit(".", 1)[1], t)  # PyTorch would import a name: the class above here
+    if name.startswith("torch.cuda."):
+        _set_default_tensor_type(_original_type(host_type))
+        torch.set_default_device("cuda")
+        _gpu_default = True
+        return
+    if _gpu_default:
+        torch.set_default_device(None)
+        _gpu_default = False
+    _set_default_tensor_type(_original_type(host_type if isinstance(t, str) else t))
 
 
 PATCHES = {**HOST_TYPES, "set_default_tensor_type": set_default_tensor_type}

@@ -473,6 +473,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def all_gather_single(self, output, input, opts=None):
         opts = opts or distributed_c10d.AllgatherOptions()
+        nccl_checks.check_gathered(output, input, self.size())
         return self._collective("all_gather", self._link_cost(costs.ring_allgather_ns),
                                 lambda: self._gloo._allgather_base(_by_count(output), _by_count(input), opts),
                                 [input], [output], _nbytes([output]))
@@ -498,6 +499,7 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
+        nccl_checks.check_scattered(output, input, self.size())
         finish = self._reduction(opts, [output, input])
         return self._collective("reduce_scatter", self._link_cost(costs.ring_reduce_scatter_ns),
                                 lambda: self._gloo._reduce_scatter_base(
@@ -530,9 +532,23 @@ class EmulatedNCCL(dist.ProcessGroup):
     @_capturable
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts or dist.AllToAllOptions()
-        return self._collective("all_to_all", self._all_to_all_cost,
-                                lambda: self._gloo.alltoall(_unwrap(outputs), _unwrap(inputs), opts),
-                                inputs, outputs, _nbytes(_flat(inputs)))
+        own, peers = _unwrap(inputs), _unwrap(outputs)
+        one_dtype = len({t.dtype for t in own + peers}) == 1  # else gloo's refusal, not a silent promotion
+        call = (functools.partial(self._all_to_all_each, peers, own, opts) if one_dtype and not _same_sizes(own + peers)
+                else functools.partial(self._gloo.alltoall, peers, own, opts))
+        return self._collective("all_to_all", self._all_to_all_cost, call, inputs, outputs, _nbytes(_flat(inputs)))
+
+    def _all_to_all_each(self, outputs, inputs, opts):
+        """NCCL's all_to_all of tensors of different sizes (ProcessGroupNCCL::alltoall sends and receives each
+        one on its own), which gloo refuses: one all_to_all of them flattened, split by element counts."""
+        sizes = [t.numel() for t in outputs]
+        received = inputs[0].new_empty(sum(sizes))
+        work = self._gloo.alltoall_base(received, torch.cat([t.reshape(-1) for t in inputs]), sizes,
+                                        [t.numel() for t in inputs], opts)
+        work.wait()
+        for output, part in zip(outputs, received.split(sizes)):
+            output.copy_(part.view(output.shape))
+        return work
 
     @_capturable
     def gather(self, outputs, inputs, opts=None):

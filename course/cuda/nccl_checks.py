@@ -38,6 +38,22 @@ def check_tensors(tensors, p2p: bool = False) -> None:
             raise TypeError(f"Input tensor data type is not supported for NCCL process group: {tensor.dtype}")
 
 
+def check_gathered(output, input, world_size: int) -> None:
+    """ProcessGroupNCCL::_allgather_base's checks on all_gather_into_tensor (gloo's own refusal names gloo)."""
+    if input.dtype != output.dtype:
+        raise TypeError("output tensor must have the same type as input tensor")
+    if input.numel() * world_size != output.numel():
+        raise ValueError("output tensor size must be equal to world_size times input tensor size")
+
+
+def check_scattered(output, input, world_size: int) -> None:
+    """ProcessGroupNCCL::_reduce_scatter_base's checks on reduce_scatter_tensor."""
+    if input.dtype != output.dtype:
+        raise TypeError("input tensor must be the same type as the output tensor.")
+    if input.numel() != output.numel() * world_size:
+        raise ValueError("input tensor must be the same size as output size times world size")
+
+
 def reduction(opts, tensors, world_size: int):
     """getNcclReduceOp's checks on `opts.reduceOp` for these tensors; an integer AVG becomes a SUM, and the
     function returned divides the outputs it is given afterwards (it does nothing for any other reduction)."""

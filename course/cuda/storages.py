@@ -90,6 +90,21 @@ def _resize(storage, nbytes):
     return storage
 
 
+_new_storage = torch._C.StorageBase.__new__
+
+
+def _new(cls, *args, device=None, **kwargs):
+    """`torch.UntypedStorage(n, device="cuda")` (and the TypedStorage and `torch.cuda.FloatStorage` built on it): the
+    storage of a new tensor of n bytes, or of the bytes given, on the GPU; C++ knows no such device here."""
+    if device is None or torch.device(device).type != "cuda":
+        return _new_storage(cls, *args, **kwargs) if device is None else _new_storage(cls, *args, device=device,
+                                                                                     **kwargs)
+    data = args[0] if args else 0
+    values = torch.empty(data, dtype=torch.uint8, device=device) if isinstance(data, int) else \
+        torch.tensor(list(data), dtype=torch.uint8, device=device)
+    return untyped_storage(values)
+
+
 PATCHES = [(torch.UntypedStorage, {"device": property(_device), "clone": _clone, "is_shared": _is_shared,
-                                   "resize_": _resize}),
+                                   "resize_": _resize, "__new__": _new}),
            (torch.Tensor, {"_typed_storage": _typed_storage})]

@@ -13,7 +13,7 @@ import torch
 from torch.nested._internal.nested_tensor import NestedTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _dispatch_mode_stack
 
-from course.cuda import devices, nested_jagged, subclasses, sync_debug
+from course.cuda import devices, functorch_layers, nested_jagged, subclasses, sync_debug
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator, device_name, wait_for, wrap
 from course.machine import costs, topology
@@ -54,10 +54,10 @@ def _host_address(tensor: torch.Tensor) -> int | None:
     return inner.untyped_storage().data_ptr() if inner.layout is torch.strided else None
 
 
-def _nbytes(inner: torch.Tensor) -> int:
+def nbytes_of(inner: torch.Tensor) -> int:
     """Bytes a copy moves: a sparse tensor's parts (`sparse_cpu.to("cuda")`), else its elements."""
     if inner.layout is not torch.strided:
-        return sum(_nbytes(part) for part in devices.sparse_parts(inner))
+        return sum(nbytes_of(part) for part in devices.sparse_parts(inner))
     return inner.numel() * inner.element_size()
 
 
@@ -172,13 +172,14 @@ def _raw_move(tensor: torch.Tensor, dst: int, non_blocking: bool) -> torch.Tenso
     emu = current_emulator(f"copy to {device_name(dst)}")
     src = device_of(tensor)
     inner = tensor._inner if isinstance(tensor, EmulatedTensor) else tensor
-    nbytes = _nbytes(inner)
+    nbytes = nbytes_of(inner)
     block = emu.memory.allocate(dst, nbytes) if dst != CPU else None
     with torch._C.DisableTorchFunction():
         if inner.is_meta or emu.materialize:
             new_inner = inner.detach().clone()
         else:
             new_inner = inner.detach().to("meta")
+        new_inner = functorch_layers.peeled(new_inner)[0]  # inside a torch.func transform it comes back wrapped
     ready_ns = tensor.ready_ns if isinstance(tensor, EmulatedTensor) else 0
     pinned_at = pinned_ready_ns(tensor, emu.clock)
     if pinned_at > emu.clock.host_ns:  # pinned by another thread (a DataLoader's): this one cannot have it sooner
@@ -250,10 +251,18 @@ def nested_not_modelled() -> RuntimeError:
 
 def move(tensor: torch.Tensor, dst: int, non_blocking: bool = False) -> torch.Tensor:
     """`tensor.to(device)`: the same tensor if it is already there, else a copy autograd can see through."""
-    if device_of(tensor) == dst:
-        return tensor
+    if torch._C._are_functorch_transforms_active() and not tensor.requires_grad:
+        # inside vmap/grad/jvp, where the copy's autograd.Function is refused (it has no setup_context): a tensor
+        # no gradient flows through moves from under the transform's wrappers, wrapped again after
+        inner, layers = functorch_layers.peeled(tensor)
+        return functorch_layers.rewrapped(inner if device_of(inner) == dst else _raw_move(inner, dst, non_blocking),
+                                          layers)
     if torch.nn.parameter.is_lazy(tensor):  # a lazy module's parameter or buffer: no values, made anew on dst
         return subclasses.uninitialized_like(tensor, _raw_move(torch.empty(0, dtype=tensor.dtype), dst, False))
+    if tensor.is_meta and not isinstance(tensor, EmulatedTensor):  # no values (nn.Module.to adds to_empty's hint)
+        raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+    if device_of(tensor) == dst:
+        return tensor
     if isinstance(tensor, NestedTensor):
         return nested_jagged.move(tensor, dst, non_blocking, _raw_move, device_of(tensor))
     if tensor.is_nested:

