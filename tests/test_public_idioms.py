@@ -1213,6 +1213,31 @@ def test_selective_checkpointing_sees_and_saves_the_fused_attention_op_a_gpu_run
     assert on_gpu.get_total_flops() == matmuls.get_total_flops() > 0
 
 
+def test_dropout_runs_cudas_fused_kernel_keeping_a_bool_mask(emu):
+    """ATen's dropout takes `native_dropout` for a CUDA input: autograd keeps a 1-byte mask, not the CPU path's noise
+    in the input's dtype, and half-precision gradients scale in float. Seeded float32 values equal the CPU's."""
+    torch.manual_seed(0)
+    host = torch.randn(64, 96)
+    grad = torch.randn(64, 96)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, g = host.to(dtype), grad.to(dtype)
+        gpu = x.cuda().requires_grad_()
+        before = torch.cuda.memory_allocated()
+        torch.manual_seed(1)
+        out = torch.nn.functional.dropout(gpu, 0.37)
+        assert torch.cuda.memory_allocated() - before == x.numel() * (x.element_size() + 1)
+        out.backward(g.cuda())
+        ref = x.clone().requires_grad_()
+        torch.manual_seed(1)
+        fused = torch.native_dropout(ref, 0.37, True)[0]
+        fused.backward(g)
+        assert torch.equal(out.cpu(), fused) and torch.equal(gpu.grad.cpu(), ref.grad)
+        if dtype == torch.float32:
+            torch.manual_seed(1)
+            assert torch.equal(out.cpu(), torch.nn.functional.dropout(x, 0.37))
+        del out
+
+
 def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
     """`sdpa_kernel(SDPBackend.FLASH_ATTENTION)` with float32 inputs or a mask, or on a V100, stops a GPU with "No
     available kernel" after warning why each backend refused (sdp_utils.cpp); the emulator's CPU kernels took them.
