@@ -1166,6 +1166,78 @@ def test_sdpa_broadcasts_a_three_dimensional_mask_as_on_a_gpu(emu):
         torch.testing.assert_close(got.cpu(), want)
 
 
+def test_selective_checkpointing_sees_and_saves_the_fused_attention_op_a_gpu_runs(emu):
+    """A policy naming CUDA's fused SDPA ops (torchtitan's save list) saw the CPU's fused op on emulated GPUs and
+    recomputed attention. Under a program's dispatch mode SDPA calls the op a GPU picks (memory-efficient for
+    float32, flash for bf16 on an A100), with the CPU kernel's values, so checkpointed and plain runs agree exactly,
+    and FlopCounterMode counts attention's FLOPs as on a GPU."""
+    from functools import partial
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    fused = {aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default}
+    saved = []
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in fused and not ctx.is_recompute:
+            saved.append(op)
+        return CheckpointPolicy.MUST_SAVE if op in fused else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sin()
+
+    torch.manual_seed(0)
+    host = [torch.randn(2, 3, 8, 4) for _ in range(3)]
+    leaves = [t.clone().requires_grad_() for t in host]
+    attend(*leaves).sum().backward()
+    plain = [t.grad for t in leaves]
+    for dtype, op in ((torch.float32, aten._scaled_dot_product_efficient_attention.default),
+                      (torch.bfloat16, aten._scaled_dot_product_flash_attention.default)):
+        runs = []
+        for context_fn in (None, partial(create_selective_checkpoint_contexts, policy)):
+            leaves = [t.cuda().requires_grad_() for t in host]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                out = checkpoint(attend, *leaves, use_reentrant=False, context_fn=context_fn) if context_fn else \
+                    attend(*leaves)
+            out.float().sum().backward()
+            runs.append([out.cpu()] + [t.grad.cpu() for t in leaves])
+        assert saved == [op] and all(torch.equal(a, b) for a, b in zip(*runs))
+        saved.clear()
+        if dtype == torch.float32:
+            assert all(torch.equal(a, b) for a, b in zip(runs[1][1:], plain))
+    from torch.utils.flop_counter import FlopCounterMode
+    q, k, v = host
+    with FlopCounterMode(display=False) as on_gpu:  # the CPU's fused op has no FLOP formula: it counted 0
+        torch.nn.functional.scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda())
+    with FlopCounterMode(display=False) as matmuls:
+        q @ k.transpose(-2, -1) @ v
+    assert on_gpu.get_total_flops() == matmuls.get_total_flops() > 0
+
+
+def test_dropout_runs_cudas_fused_kernel_keeping_a_bool_mask(emu):
+    """ATen's dropout takes `native_dropout` for a CUDA input: autograd keeps a 1-byte mask, not the CPU path's noise
+    in the input's dtype, and half-precision gradients scale in float. Seeded float32 values equal the CPU's."""
+    torch.manual_seed(0)
+    host = torch.randn(64, 96)
+    grad = torch.randn(64, 96)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, g = host.to(dtype), grad.to(dtype)
+        gpu = x.cuda().requires_grad_()
+        before = torch.cuda.memory_allocated()
+        torch.manual_seed(1)
+        out = torch.nn.functional.dropout(gpu, 0.37)
+        assert torch.cuda.memory_allocated() - before == x.numel() * (x.element_size() + 1)
+        out.backward(g.cuda())
+        ref = x.clone().requires_grad_()
+        torch.manual_seed(1)
+        fused = torch.native_dropout(ref, 0.37, True)[0]
+        fused.backward(g)
+        assert torch.equal(out.cpu(), fused) and torch.equal(gpu.grad.cpu(), ref.grad)
+        if dtype == torch.float32:
+            torch.manual_seed(1)
+            assert torch.equal(out.cpu(), torch.nn.functional.dropout(x, 0.37))
+        del out
+
+
 def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
     """`sdpa_kernel(SDPBackend.FLASH_ATTENTION)` with float32 inputs or a mask, or on a V100, stops a GPU with "No
     available kernel" after warning why each backend refused (sdp_utils.cpp); the emulator's CPU kernels took them.

@@ -19,6 +19,7 @@ from torch.nested._internal.nested_tensor import NestedTensor, nested_view_from_
 from course.cuda import autocast, sdpa_backends
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, EmulatedTensor, current_emulator
+from course.cuda.transfers import program_dispatch_mode
 
 aten = torch.ops.aten
 # PyTorch's own SDPA, kept before anything replaces the module attribute: context parallelism swaps in a wrapper
@@ -73,17 +74,28 @@ def _dtensor_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
-def _dtensor_fused_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """`F.scaled_dot_product_attention` as CUDA's dispatch runs it on DTensors: the fused op it selects (flash, then
-    memory-efficient), called on the DTensors themselves; its derivative is that op's backward."""
+def _gpu_kernel(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str:
+    """The SDPA kernel a GPU of the emulated model picks: "flash", "mem", "math" or "cudnn"."""
     cc = current_emulator("F.scaled_dot_product_attention").gpu.compute_capability
-    kernel = "math" if enable_gqa else sdpa_backends.chosen(cc, query, key, value, attn_mask, dropout_p, is_causal)
+    return "math" if enable_gqa else sdpa_backends.chosen(cc, query, key, value, attn_mask, dropout_p, is_causal)
+
+
+def _fused_op(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """CUDA's fused SDPA op for `kernel` ("flash" or "mem"), as sdpa's CUDA dispatch calls it; its derivative is that
+    op's backward (course/cuda/fused_attention_ops.py computes both on emulated GPUs)."""
     if kernel == "flash":
         return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
-    if kernel == "mem":
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, grad, dropout_p, is_causal,
-                                                            scale=scale)[0]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, grad, dropout_p, is_causal,
+                                                        scale=scale)[0]
+
+
+def _dtensor_fused_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """`F.scaled_dot_product_attention` as CUDA's dispatch runs it on DTensors: the fused op it selects (flash, then
+    memory-efficient), called on the DTensors themselves."""
+    kernel = _gpu_kernel(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if kernel in ("flash", "mem"):
+        return _fused_op(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale)
     raise not_modelled(f"F.scaled_dot_product_attention on DTensors placed {tuple(query.placements)} over emulated "
                        f"GPUs, where CUDA takes its {'cuDNN' if kernel == 'cudnn' else 'math'} kernel",
                        "use inputs flash or memory-efficient attention takes (fp16/bf16, or no grouped-query heads), "
@@ -141,6 +153,11 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
             enable_gqa=enable_gqa)
     # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
     query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
+    if attn_mask is None and not enable_gqa and program_dispatch_mode():
+        # a program's dispatch mode (selective checkpointing's policy, an op logger) sees the op a GPU box runs
+        kernel = _gpu_kernel(query, key, value, None, 0.0, is_causal, False)
+        if kernel in ("flash", "mem"):
+            return _fused_op(kernel, query, key, value, None, 0.0, is_causal, scale)
     if attn_mask is not None and attn_mask.dim() not in (2, 4):  # SDPA broadcasts any mask; the fused op wants 4-D
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     if scale is None:

@@ -1,15 +1,17 @@
 """CUDA's fused attention ops called directly (`torch.ops.aten._flash_attention_forward`, `_efficient_attention_forward`,
 `_scaled_dot_product_flash_attention`, `_scaled_dot_product_efficient_attention` and their backward ops).
 
-A CPU build has no kernel for them. `F.scaled_dot_product_attention` never reaches them on the emulator
-(course/cuda/attention.py), but tests and libraries call them by name. Here each one returns what its CUDA kernel
-returns, with the shapes and dtypes of their meta functions (torch/_meta_registrations.py): the output in the
-query's dtype and layout, the float32 log-sum-exp (padded to a multiple of 32 with +inf for the memory-efficient
-kernel, whose kernel_forward.h writes +inf past the last query), and seed and offset tensors. The values come from
-the math path in float32 (the kernels accumulate in float). `is_causal` is flash-attention 2's lower-right alignment
-(sdp_utils.cpp, check_flash_causal_non_square_seqlens); the memory-efficient kernel's `custom_mask_type` 1 is
-upper-left and 2 lower-right. Rows with no key left give 0 and a log-sum-exp of +inf, as flash's kernel writes
-them (the memory-efficient kernel's log-sum-exp there is not checked against its source).
+A CPU build has no kernel for them. `F.scaled_dot_product_attention` reaches them on the emulator only under a
+program's dispatch mode (course/cuda/attention.py), but tests and libraries call them by name. Here each one returns
+what its CUDA kernel returns, with the shapes and dtypes of their meta functions (torch/_meta_registrations.py): the
+output in the query's dtype and layout, the float32 log-sum-exp (padded to a multiple of 32 with +inf for the
+memory-efficient kernel, whose kernel_forward.h writes +inf past the last query), and seed and offset tensors. The
+values come from the math path in float32 (the kernels accumulate in float), or, where it takes the call, from the
+CPU's fused kernel that SDPA runs on emulated GPUs, so that both routes give the same numbers. `is_causal` is
+flash-attention 2's lower-right alignment (sdp_utils.cpp, check_flash_causal_non_square_seqlens); the
+memory-efficient kernel's `custom_mask_type` 1 is upper-left and 2 lower-right. Rows with no key left give 0 and a
+log-sum-exp of +inf, as flash's kernel writes them (the memory-efficient kernel's log-sum-exp there is not checked
+against its source).
 
 Dropout: the kernels draw their mask from Philox at the seed and offset they return, and backward draws it again
 from those. Here the forward draws a seed from the emulated GPU's generator (the host's, as for every random op on
@@ -102,9 +104,21 @@ def _dropped(probs, keep, dropout_p):
     return probs if keep is None else probs * keep / (1 - dropout_p)
 
 
+def _host_kernel_takes(q, k, causal, bias, dropout_p) -> bool:
+    """Whether the CPU's fused kernel computes this call: host values, one key/value head per query head, no bias or
+    dropout, and a causal mask (if any) that is the same upper-left or lower-right. `F.scaled_dot_product_attention`
+    on emulated GPUs runs that kernel (course/cuda/attention.py), so the op a GPU names gives the same numbers."""
+    m, n = q.shape[-2], k.shape[-2]
+    return (q.device.type == "cpu" and not isinstance(q, FakeTensor) and q.shape[1] == k.shape[1] and bias is None
+            and dropout_p == 0 and (causal is None or m == n))
+
+
 def _forward(q, k, v, scale, causal, bias=None, dropout_p=0.0, seed=0):
     """(B, H, M, D) inputs: the output in q's dtype and the float32 log-sum-exp (B, H, M) of the undropped scores."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if _host_kernel_takes(q, k, causal, bias, dropout_p):
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal is not None, scale=scale)
+        return out, lse.float()
     probs, lse, group = _probabilities(q, k, scale, causal, bias)
     probs = _dropped(probs, _keep(probs.shape, dropout_p, seed, q.device), dropout_p)
     return (probs @ v.float().repeat_interleave(group, dim=1)).to(q.dtype), lse
@@ -115,6 +129,11 @@ def _backward(grad, q, k, v, out, lse, scale, causal, bias=None, dropout_p=0.0, 
     with the log-sum-exp and output passed in, not a softmax of these keys alone: ring attention (context
     parallelism) passes the ones merged over every rank's keys, and each rank's gradients are then its share."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if _host_kernel_takes(q, k, causal, bias, dropout_p):
+        lse = lse[..., :q.shape[-2]].to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.to(q.dtype), q, k, v, out, lse, 0.0, causal is not None, scale=scale)
+        return dq, dk, dv, None
     scores, group = _scores(q, k, scale, causal, bias)
     probs = torch.exp(scores - lse[..., :q.shape[-2]].float().unsqueeze(-1))  # +inf (a row with no key) gives 0
     keep = _keep(probs.shape, dropout_p, seed, q.device)
