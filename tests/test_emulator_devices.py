@@ -757,6 +757,27 @@ def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     torch.testing.assert_close(other.cpu(), torch.full((3,), 5.0))
 
 
+def _copy_into_a_saved_tensor(device, other):
+    """A copy_ from another device into a tensor autograd saved: the version counter moves, backward refuses."""
+    x = torch.ones(3, device=device, requires_grad=True)
+    y = torch.ones(3, device=device)
+    z = x * y
+    before = y._version
+    y.copy_(torch.zeros(3, device=other))
+    try:
+        z.sum().backward()
+    except RuntimeError as error:
+        return y._version - before, "modified by an inplace operation" in str(error)
+    return y._version - before, False
+
+
+def test_copy_across_devices_bumps_the_version_counter_as_on_the_host(emu):
+    expected = _copy_into_a_saved_tensor("cpu", "cpu")
+    assert expected == (1, True)
+    assert _copy_into_a_saved_tensor("cuda:0", "cuda:1") == expected  # silently used the new values before
+    assert _copy_into_a_saved_tensor("cuda:0", "cpu") == expected
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)

@@ -256,7 +256,10 @@ def _copy_(self, src, non_blocking=False):
             return torch.Tensor.copy_(self, src, non_blocking)
     if torch.is_grad_enabled() and (self.requires_grad or src.requires_grad):
         return copy_with_grad(self, src, non_blocking)
-    return copy_into(self, src, non_blocking)
+    copy_into(self, src, non_blocking)
+    if isinstance(self, EmulatedTensor):  # it wrote the inner tensor: autograd must see the write, as for copy_
+        torch.autograd.graph.increment_version(self)
+    return self
 
 
 def _pin_memory(self, device=None):
