@@ -778,6 +778,39 @@ def test_copy_across_devices_bumps_the_version_counter_as_on_the_host(emu):
     assert _copy_into_a_saved_tensor("cuda:0", "cpu") == expected
 
 
+class _MaxAndIndex(torch.autograd.Function):
+    """Two outputs, one non-differentiable: backward gets materialized zeros for the index and for an unused max."""
+    seen = []
+
+    @staticmethod
+    def forward(ctx, x):
+        index = x.argmax().reshape(1)
+        ctx.mark_non_differentiable(index)
+        ctx.save_for_backward(index)
+        return x * 2, x.max().reshape(1), index
+
+    @staticmethod
+    def backward(ctx, grad_double, grad_max, grad_index):
+        _MaxAndIndex.seen = [(g.device, g.dtype, g.tolist()) for g in (grad_double, grad_max, grad_index)]
+        grad = grad_double * 2
+        grad[ctx.saved_tensors[0]] += grad_max
+        return grad
+
+
+def _materialized_grads(device):
+    x = torch.tensor([1.0, 5.0, 2.0], device=device, requires_grad=True)
+    double, _, _ = _MaxAndIndex.apply(x)
+    double.sum().backward()
+    return x.grad.device, x.grad.tolist(), _MaxAndIndex.seen
+
+
+def test_a_custom_functions_materialized_zero_grads_are_on_its_outputs_gpu(emu):
+    expected_device, expected_grad, expected_seen = _materialized_grads("cpu")
+    device, grad, seen = _materialized_grads("cuda:1")
+    assert (device, grad) == (torch.device("cuda:1"), expected_grad)
+    assert seen == [(torch.device("cuda:1"), dtype, values) for _, dtype, values in expected_seen]  # were on the host
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)
