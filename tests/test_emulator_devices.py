@@ -811,6 +811,15 @@ def test_a_custom_functions_materialized_zero_grads_are_on_its_outputs_gpu(emu):
     assert seen == [(torch.device("cuda:1"), dtype, values) for _, dtype, values in expected_seen]  # were on the host
 
 
+def test_moves_and_copies_across_gpus_record_pytorchs_backward_nodes(emu):
+    host = torch.ones(2, requires_grad=True)
+    expected = [host.to(torch.float64).grad_fn, torch.zeros(2).copy_(host).grad_fn]  # aten._to_copy, copy_
+    x = torch.ones(2, device="cuda:0", requires_grad=True)
+    nodes = [x.to("cuda:1").grad_fn, torch.zeros(2, device="cuda:1").copy_(x).grad_fn]
+    assert [node.name() for node in nodes] == [node.name() for node in expected]
+    assert [type(node).__name__ for node in nodes] == [type(node).__name__ for node in expected]
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)
