@@ -820,6 +820,27 @@ def test_moves_and_copies_across_gpus_record_pytorchs_backward_nodes(emu):
     assert [type(node).__name__ for node in nodes] == [type(node).__name__ for node in expected]
 
 
+def _foreach_writes_seen_by_autograd(device):
+    """Versions after in-place foreach ops (an optimizer's step), and whether backward then refuses a saved tensor."""
+    params = [torch.ones(2, device=device), torch.ones(3, device=device)]
+    x = torch.ones(2, device=device, requires_grad=True)
+    y = x * params[0]
+    torch._foreach_add_(params, [torch.ones(2, device=device), torch.ones(3, device=device)], alpha=-0.1)
+    torch._foreach_mul_(params, 2.0)
+    versions = [p._version for p in params]
+    try:
+        y.sum().backward()
+    except RuntimeError as error:
+        return versions, "modified by an inplace operation" in str(error)
+    return versions, False
+
+
+def test_in_place_foreach_ops_bump_version_counters_as_cudas_kernels(emu):
+    expected = _foreach_writes_seen_by_autograd("cpu")
+    assert expected == ([2, 2], True)
+    assert _foreach_writes_seen_by_autograd("cuda:0") == expected  # backward silently used the stepped values
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)
