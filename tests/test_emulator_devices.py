@@ -841,6 +841,19 @@ def test_in_place_foreach_ops_bump_version_counters_as_cudas_kernels(emu):
     assert _foreach_writes_seen_by_autograd("cuda:0") == expected  # backward silently used the stepped values
 
 
+def _fill_from_a_scalar_tensor(device, other):
+    value = torch.tensor(3.0, device=other, requires_grad=True)
+    filled = torch.zeros(4, device=device, requires_grad=True).clone()
+    filled.fill_(value)
+    (filled * torch.arange(4.0, device=device)).sum().backward()
+    return filled.tolist(), filled._version, value.grad.item(), value.grad.device == value.device
+
+
+def test_fill_reads_a_0_dim_value_from_another_gpu_as_aten_does(emu):
+    """ATen's fill_(Tensor) takes a value on another device with item(); the emulator refused it as a device mix."""
+    assert _fill_from_a_scalar_tensor("cuda:0", "cuda:1") == _fill_from_a_scalar_tensor("cpu", "cpu")
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)

@@ -459,9 +459,10 @@ def on_gradient_device(gradient, tensor):
 def _scalar_gradient_on_host(gradient: EmulatedTensor, tensor) -> torch.Tensor:
     """A 0-dim CPU tensor used with GPU tensors (a scalar parameter, `x * a` with x on the GPU) has its gradient on
     the CPU: the autograd engine moves a 0-dim gradient to its input's device (`validate_outputs`, engine.cpp),
-    which it cannot see here, where a GPU tensor's C++ device is the CPU too."""
-    if gradient.dim() == 0 and gradient._device_index != CPU and device_of(tensor) == CPU:
-        return gradient.to("cpu")
+    which it cannot see here, where a GPU tensor's C++ device is the CPU too. So does a 0-dim GPU value that
+    `fill_` read from another GPU."""
+    if gradient.dim() == 0 and gradient._device_index != device_of(tensor):
+        return move(gradient, device_of(tensor))
     return gradient
 
 

@@ -192,6 +192,7 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
 
 
 _BLOCK_DIAG = torch.ops.aten.block_diag.default
+_FILL_TENSOR = torch.ops.aten.fill_.Tensor
 
 
 def _check_block_diag_devices(tensors) -> None:
@@ -374,6 +375,8 @@ def run_kernel(emu, func, args, kwargs):
         if type(t) is not EmulatedTensor or (device is not None and t._device_index != device):
             if foreach_devices.reroutes(func, args):
                 return foreach_devices.run(func, args, kwargs)
+            if func is _FILL_TENSOR and isinstance(args[1], EmulatedTensor) and args[1].dim() == 0:
+                return args[0].fill_(read_scalar(args[1]))  # ATen's fill_ reads a value on another device with item()
             device, scratch = _common_device(func, tensors)
             if func in _PUT_OPS and device != CPU:
                 _check_put_values(args, kwargs, device)
