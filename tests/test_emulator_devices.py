@@ -854,6 +854,27 @@ def test_fill_reads_a_0_dim_value_from_another_gpu_as_aten_does(emu):
     assert _fill_from_a_scalar_tensor("cuda:0", "cuda:1") == _fill_from_a_scalar_tensor("cpu", "cpu")
 
 
+def _hooks_registered_before_a_move(device):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 1))
+    seen = []
+    net[0].weight.register_hook(lambda grad: seen.append(("hook", grad.device, grad.tolist())) or grad * 2)
+    net[0].bias.register_post_accumulate_grad_hook(lambda p: seen.append(("post", p.grad.device, p.grad.tolist())))
+    net.to(device)
+    net(torch.ones(1, 2, device=device)).sum().backward()
+    return seen, net[0].weight.grad.tolist()
+
+
+def test_tensor_hooks_on_parameters_survive_a_move_to_a_gpu():
+    """The emulator converts modules by swapping tensors; hooks a program registered before `.to("cuda")` were lost."""
+    expected, grad = _hooks_registered_before_a_move("cpu")  # plain PyTorch, before the emulator starts
+    assert len(expected) == 2
+    with course.emulate(gpus=4):
+        assert _hooks_registered_before_a_move("cpu") == (expected, grad)
+        assert _hooks_registered_before_a_move("cuda:1") == (
+            [(kind, torch.device("cuda:1"), values) for kind, _, values in expected], grad)
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)
