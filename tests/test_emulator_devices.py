@@ -757,6 +757,124 @@ def test_allowed_mixes_zero_dim_cpu_scalars_and_copy_(emu):
     torch.testing.assert_close(other.cpu(), torch.full((3,), 5.0))
 
 
+def _copy_into_a_saved_tensor(device, other):
+    """A copy_ from another device into a tensor autograd saved: the version counter moves, backward refuses."""
+    x = torch.ones(3, device=device, requires_grad=True)
+    y = torch.ones(3, device=device)
+    z = x * y
+    before = y._version
+    y.copy_(torch.zeros(3, device=other))
+    try:
+        z.sum().backward()
+    except RuntimeError as error:
+        return y._version - before, "modified by an inplace operation" in str(error)
+    return y._version - before, False
+
+
+def test_copy_across_devices_bumps_the_version_counter_as_on_the_host(emu):
+    expected = _copy_into_a_saved_tensor("cpu", "cpu")
+    assert expected == (1, True)
+    assert _copy_into_a_saved_tensor("cuda:0", "cuda:1") == expected  # silently used the new values before
+    assert _copy_into_a_saved_tensor("cuda:0", "cpu") == expected
+
+
+class _MaxAndIndex(torch.autograd.Function):
+    """Two outputs, one non-differentiable: backward gets materialized zeros for the index and for an unused max."""
+    seen = []
+
+    @staticmethod
+    def forward(ctx, x):
+        index = x.argmax().reshape(1)
+        ctx.mark_non_differentiable(index)
+        ctx.save_for_backward(index)
+        return x * 2, x.max().reshape(1), index
+
+    @staticmethod
+    def backward(ctx, grad_double, grad_max, grad_index):
+        _MaxAndIndex.seen = [(g.device, g.dtype, g.tolist()) for g in (grad_double, grad_max, grad_index)]
+        grad = grad_double * 2
+        grad[ctx.saved_tensors[0]] += grad_max
+        return grad
+
+
+def _materialized_grads(device):
+    x = torch.tensor([1.0, 5.0, 2.0], device=device, requires_grad=True)
+    double, _, _ = _MaxAndIndex.apply(x)
+    double.sum().backward()
+    return x.grad.device, x.grad.tolist(), _MaxAndIndex.seen
+
+
+def test_a_custom_functions_materialized_zero_grads_are_on_its_outputs_gpu(emu):
+    expected_device, expected_grad, expected_seen = _materialized_grads("cpu")
+    device, grad, seen = _materialized_grads("cuda:1")
+    assert (device, grad) == (torch.device("cuda:1"), expected_grad)
+    assert seen == [(torch.device("cuda:1"), dtype, values) for _, dtype, values in expected_seen]  # were on the host
+
+
+def test_moves_and_copies_across_gpus_record_pytorchs_backward_nodes(emu):
+    host = torch.ones(2, requires_grad=True)
+    expected = [host.to(torch.float64).grad_fn, torch.zeros(2).copy_(host).grad_fn]  # aten._to_copy, copy_
+    x = torch.ones(2, device="cuda:0", requires_grad=True)
+    nodes = [x.to("cuda:1").grad_fn, torch.zeros(2, device="cuda:1").copy_(x).grad_fn]
+    assert [node.name() for node in nodes] == [node.name() for node in expected]
+    assert [type(node).__name__ for node in nodes] == [type(node).__name__ for node in expected]
+
+
+def _foreach_writes_seen_by_autograd(device):
+    """Versions after in-place foreach ops (an optimizer's step), and whether backward then refuses a saved tensor."""
+    params = [torch.ones(2, device=device), torch.ones(3, device=device)]
+    x = torch.ones(2, device=device, requires_grad=True)
+    y = x * params[0]
+    torch._foreach_add_(params, [torch.ones(2, device=device), torch.ones(3, device=device)], alpha=-0.1)
+    torch._foreach_mul_(params, 2.0)
+    versions = [p._version for p in params]
+    try:
+        y.sum().backward()
+    except RuntimeError as error:
+        return versions, "modified by an inplace operation" in str(error)
+    return versions, False
+
+
+def test_in_place_foreach_ops_bump_version_counters_as_cudas_kernels(emu):
+    expected = _foreach_writes_seen_by_autograd("cpu")
+    assert expected == ([2, 2], True)
+    assert _foreach_writes_seen_by_autograd("cuda:0") == expected  # backward silently used the stepped values
+
+
+def _fill_from_a_scalar_tensor(device, other):
+    value = torch.tensor(3.0, device=other, requires_grad=True)
+    filled = torch.zeros(4, device=device, requires_grad=True).clone()
+    filled.fill_(value)
+    (filled * torch.arange(4.0, device=device)).sum().backward()
+    return filled.tolist(), filled._version, value.grad.item(), value.grad.device == value.device
+
+
+def test_fill_reads_a_0_dim_value_from_another_gpu_as_aten_does(emu):
+    """ATen's fill_(Tensor) takes a value on another device with item(); the emulator refused it as a device mix."""
+    assert _fill_from_a_scalar_tensor("cuda:0", "cuda:1") == _fill_from_a_scalar_tensor("cpu", "cpu")
+
+
+def _hooks_registered_before_a_move(device):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 1))
+    seen = []
+    net[0].weight.register_hook(lambda grad: seen.append(("hook", grad.device, grad.tolist())) or grad * 2)
+    net[0].bias.register_post_accumulate_grad_hook(lambda p: seen.append(("post", p.grad.device, p.grad.tolist())))
+    net.to(device)
+    net(torch.ones(1, 2, device=device)).sum().backward()
+    return seen, net[0].weight.grad.tolist()
+
+
+def test_tensor_hooks_on_parameters_survive_a_move_to_a_gpu():
+    """The emulator converts modules by swapping tensors; hooks a program registered before `.to("cuda")` were lost."""
+    expected, grad = _hooks_registered_before_a_move("cpu")  # plain PyTorch, before the emulator starts
+    assert len(expected) == 2
+    with course.emulate(gpus=4):
+        assert _hooks_registered_before_a_move("cpu") == (expected, grad)
+        assert _hooks_registered_before_a_move("cuda:1") == (
+            [(kind, torch.device("cuda:1"), values) for kind, _, values in expected], grad)
+
+
 def test_foreach_lists_spanning_devices_run_per_index_as_cudas_slow_path(emu):
     """test_foreach.py's *_tensors_on_different_devices: a list over two GPUs and the host runs index by index."""
     torch.manual_seed(0)

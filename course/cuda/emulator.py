@@ -23,7 +23,8 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
                          cuda_libraries, devices, environment, fsdp1, fsdp2, functorch_layers, graphs, interception,
-                         kernels, legacy_types, module_calls, nccl, nested_fastpath, profiling, rank_rng, replica_rng,
+                         kernels, legacy_types, materialized_grads, module_calls, nccl, nested_fastpath, profiling,
+                         rank_rng, replica_rng,
                          rpc, storages, subclasses, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
@@ -180,6 +181,8 @@ class Emulator:
         for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor) of a GPU tensor
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
+            self._patch(target, replacements)
+        for target, replacements in materialized_grads.PATCHES:  # a custom Function's zero gradients on their GPU
             self._patch(target, replacements)
         # FSDP1 imported after the process group was made (course/cuda/fsdp1.py); FSDP2 and DTensor imported at all,
         # since a group that is not emulated NCCL (the threaded one of FSDPTestMultiThread) never installs them

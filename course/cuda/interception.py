@@ -256,7 +256,10 @@ def _copy_(self, src, non_blocking=False):
             return torch.Tensor.copy_(self, src, non_blocking)
     if torch.is_grad_enabled() and (self.requires_grad or src.requires_grad):
         return copy_with_grad(self, src, non_blocking)
-    return copy_into(self, src, non_blocking)
+    copy_into(self, src, non_blocking)
+    if isinstance(self, EmulatedTensor):  # it wrote the inner tensor: autograd must see the write, as for copy_
+        torch.autograd.graph.increment_version(self)
+    return self
 
 
 def _pin_memory(self, device=None):
@@ -456,9 +459,10 @@ def on_gradient_device(gradient, tensor):
 def _scalar_gradient_on_host(gradient: EmulatedTensor, tensor) -> torch.Tensor:
     """A 0-dim CPU tensor used with GPU tensors (a scalar parameter, `x * a` with x on the GPU) has its gradient on
     the CPU: the autograd engine moves a 0-dim gradient to its input's device (`validate_outputs`, engine.cpp),
-    which it cannot see here, where a GPU tensor's C++ device is the CPU too."""
-    if gradient.dim() == 0 and gradient._device_index != CPU and device_of(tensor) == CPU:
-        return gradient.to("cpu")
+    which it cannot see here, where a GPU tensor's C++ device is the CPU too. So does a 0-dim GPU value that
+    `fill_` read from another GPU."""
+    if gradient.dim() == 0 and gradient._device_index != device_of(tensor):
+        return move(gradient, device_of(tensor))
     return gradient
 
 

@@ -77,7 +77,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel", "gpu_check")
+                 "python_cuda_kernel", "gpu_check", "bumps_versions")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -89,6 +89,9 @@ class _OpInfo:
         # Arguments an op that returns nothing writes (`_foreach_mul_(params, ...)`): they are ready when it ends.
         self.writes_in_place = tuple(i for i, a in enumerate(func._schema.arguments)
                                      if not func._schema.returns and a.alias_info is not None and a.alias_info.is_write)
+        # CUDA's foreach kernels bump the version counters of the tensors they write (ForeachFunctors.cuh's
+        # increment_version), as ATen's per-tensor in-place ops do: these ops have no ADInplaceOrView kernel to.
+        self.bumps_versions = self.writes_in_place if self.name.startswith("aten::_foreach_") else ()
         self.no_kernel = (func.is_view or unsafe_view or func._overloadpacket in _ALLOCATION_ONLY or self.restrides
                           or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
@@ -189,6 +192,7 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
 
 
 _BLOCK_DIAG = torch.ops.aten.block_diag.default
+_FILL_TENSOR = torch.ops.aten.fill_.Tensor
 
 
 def _check_block_diag_devices(tensors) -> None:
@@ -371,6 +375,8 @@ def run_kernel(emu, func, args, kwargs):
         if type(t) is not EmulatedTensor or (device is not None and t._device_index != device):
             if foreach_devices.reroutes(func, args):
                 return foreach_devices.run(func, args, kwargs)
+            if func is _FILL_TENSOR and isinstance(args[1], EmulatedTensor) and args[1].dim() == 0:
+                return args[0].fill_(read_scalar(args[1]))  # ATen's fill_ reads a value on another device with item()
             device, scratch = _common_device(func, tensors)
             if func in _PUT_OPS and device != CPU:
                 _check_put_values(args, kwargs, device)
@@ -418,6 +424,9 @@ def run_kernel(emu, func, args, kwargs):
         raise NotImplementedError(
             f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
+    for index in info.bumps_versions:
+        written = args[index] if index < len(args) else ()
+        torch.autograd.graph.increment_version([t for t in written if isinstance(t, EmulatedTensor)])
     if info.cudnn:
         out = _memory_format_like_cudnn(func, out, un_args)
     if type(out) is torch.Tensor and device is not None and device != CPU and not scratch:

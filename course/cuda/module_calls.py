@@ -60,18 +60,31 @@ def module_apply(self, fn, recurse=True):
                 for child in self.children():
                     child._apply(fn)
             torch.__future__.set_swap_module_params_on_conversion(False)
-            return _MODULE_APPLY(self, fn, recurse=False)
-        return _MODULE_APPLY(self, fn, recurse)
+            return _rehooked(_MODULE_APPLY(self, fn, recurse=False))
+        return _rehooked(_MODULE_APPLY(self, fn, recurse))
     except RuntimeError as error:
         if not str(error).startswith("_apply(): Couldn't swap"):
             raise
         torch.__future__.set_swap_module_params_on_conversion(False)
-        return _MODULE_APPLY(self, fn, recurse=False)
+        return _rehooked(_MODULE_APPLY(self, fn, recurse=False))
     finally:
         with _swapping:
             _applying -= 1
             if _applying == 0:
                 torch.__future__.set_swap_module_params_on_conversion(_flag_before)
+
+
+def _rehooked(module):
+    """A swap moves a parameter's C++ tensor, where autograd keeps what `register_hook` and
+    `register_post_accumulate_grad_hook` registered; their dicts stay on the Parameter. Setting the dicts again
+    registers them on the tensor it now holds, so they fire as on a GPU, where `param.data = ...` keeps them.
+    (Each module's `_apply` runs this for its own parameters: children convert through their own `_apply`.)"""
+    for param in module.parameters(recurse=False):
+        if param._backward_hooks is not None:
+            param._backward_hooks = param._backward_hooks
+        if param._post_accumulate_grad_hooks is not None:
+            param._post_accumulate_grad_hooks = param._post_accumulate_grad_hooks
+    return module
 
 
 def _holds_lazy(module) -> bool:

@@ -36,8 +36,6 @@ _REAL_KINETO = {name: getattr(autograd_profiler, name)
 # The emulator's own frames in a CPU profile -> what a GPU profile shows in their place (None: nothing).
 # What runs inside them is the emulator at work, not the program: it is left out.
 EMULATOR_FRAMES = {"PythonSubclass": None, "_Move": "aten::to", "_CopyInto": "aten::copy_"}
-# Backward nodes of the emulator's copies -> PyTorch's names for them.
-RENAMED_NODES = {"_MoveBackward": "ToCopyBackward0", "_CopyIntoBackward": "CopyBackwards"}
 _MARK = re.compile(r"^(cudaLaunchKernel|cudaMemcpyAsync)#(\d+)$")
 _LAUNCHES = ("launch", "launch_collective", "record_span", "record")  # the Clock methods that queue GPU work
 _CHROME_CATEGORY = {"kernel": "kernel", "collective": "kernel", "copy": "gpu_memcpy"}
@@ -211,10 +209,6 @@ def _without_emulator(events, describe, slack):
                 kept.append(event)
             stack.append((end, event if shown else None, True))
             continue
-        else:
-            node = name.rsplit(": ", 1)[-1]
-            if node in RENAMED_NODES:
-                renames.append((event, name[:len(name) - len(node)] + RENAMED_NODES[node]))
         kept.append(event)
         stack.append((end, event, False))
     return kept, launchers, renames

@@ -207,6 +207,9 @@ class _Move(torch.autograd.Function):
         return move(grad, ctx.src), None, None
 
 
+# The nodes' names as PyTorch's own for the same ops (`y.grad_fn.name()`, profiles, graph drawings)
+_Move._backward_cls.__name__ = _Move._backward_cls.__qualname__ = "ToCopyBackward0"
+
 def program_dispatch_mode() -> bool:
     """Whether a program's TorchDispatchMode (a logger, FlopCounterMode, selective checkpointing's) is on: it must see
     factories and moves as the ops they are on a GPU box (`aten.zeros`, `aten._to_copy`), not the emulator's steps.
@@ -287,6 +290,9 @@ class _CopyInto(torch.autograd.Function):
         grad_src = grad.sum_to_size(ctx.src_shape).to(ctx.src_dtype)
         return torch.zeros_like(grad), move(grad_src, ctx.src_device), None
 
+
+_CopyInto._backward_cls.__name__ = _CopyInto._backward_cls.__qualname__ = "CopyBackwards"
+_CopyInto._backward_cls.name = lambda node: "torch::autograd::CopyBackwards"  # a C++ node's name() has its namespace
 
 def copy_with_grad(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return _CopyInto.apply(dst, src, non_blocking)
