@@ -24,8 +24,7 @@ import torch.nn.parallel.comm
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
                          cuda_libraries, devices, environment, fsdp1, fsdp2, functorch_layers, graphs, interception,
                          kernels, legacy_types, materialized_grads, module_calls, nccl, nested_fastpath, profiling,
-                         rank_rng, replica_rng,
-                         rpc, storages, subclasses, threaded_pg, wall_clock)
+                         rank_rng, replica_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology

@@ -674,8 +674,6 @@ def _check_generator(func, args, kwargs, generator):
 
 
 _TO_KEYS = {"dtype", "device"}
-_SPARSE_FROM_TENSORS = {torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
-                        torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor}
 
 
 def _sparse_from_tensors(func, args, kwargs):
@@ -718,7 +716,7 @@ def _route_torch_function(func, args, kwargs):
         # a tensor's `.to(device, dtype)`, as tensor_new.cpp's internal_new_from_data makes it: the same tensor when
         # nothing changes, autograd's graph kept (made anew, it had no grad_fn, and one for another GPU shared memory)
         return handle_torch_function(torch.Tensor.to, args, {k: v for k, v in kwargs.items() if v is not None})
-    if func in _SPARSE_FROM_TENSORS and any(isinstance(a, torch.Tensor) for a in args) and \
+    if func in _SPARSE_FROM_PARTS and any(isinstance(a, torch.Tensor) for a in args) and \
             (kwargs.get("device") is not None or any(isinstance(a, EmulatedTensor) for a in args)):
         return _sparse_from_tensors(func, args, kwargs)
     if func in aliasing_factories.ALIASING and args and isinstance(args[0], EmulatedTensor) \
