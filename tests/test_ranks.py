@@ -1,4 +1,5 @@
 """Running ranks: threads on torch's threaded process group, processes on gloo, and their failures."""
+import gc
 import threading
 import time
 
@@ -38,6 +39,36 @@ def test_run_threads_returns_results_in_rank_order_and_can_run_again():
     expected = float(sum(range(1, 4)))
     assert run_threads(all_reduce_rank_plus_one, 3, timeout_s=20) == [expected] * 3
     assert run_threads(lambda rank, world_size: (rank, world_size), 3, timeout_s=20) == [(0, 3), (1, 3), (2, 3)]
+
+
+class _Cycle:
+    """An object in a reference cycle: only the cycle collector frees it, as it frees a rank's DDP reducer."""
+    def __init__(self):
+        self.me = self
+
+
+def _make_cycles(rank, world_size, weak, before):
+    weak.append(__import__("weakref").ref(_Cycle()))
+    weak.append(__import__("weakref").ref(before))  # a cycle made before the run, still referenced by the caller
+
+
+def test_run_threads_frees_the_ranks_cycles_and_leaves_the_collector_as_it_was():
+    """The cycles the ranks made are freed when run_threads returns (only those made during the run are scanned);
+    objects frozen by the program itself stay frozen."""
+    collecting = gc.isenabled()
+    gc.disable()  # no automatic collection may free them instead
+    try:
+        weak, before = [], _Cycle()
+        run_threads(_make_cycles, 2, weak, before)
+        assert [ref() is None for ref in weak] == [True, False, True, False]
+        assert gc.get_freeze_count() == 0
+        gc.freeze()
+        run_threads(_make_cycles, 2, [], before)
+        assert gc.get_freeze_count() > 0  # not unfrozen by run_threads
+    finally:
+        gc.unfreeze()
+        if collecting:
+            gc.enable()
 
 
 def test_run_threads_failing_rank_is_named_and_the_others_do_not_hang():
