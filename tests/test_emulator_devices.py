@@ -1585,3 +1585,20 @@ def test_take_along_dim_checks_devices_with_its_own_words(emu):
     with pytest.raises(RuntimeError, match=r"^Expected tensor to have cuda:1 Device, but got tensor with cpu Device "
                                            r"\(while checking arguments for torch.take_along_dim\(\):\)"):
         torch.take_along_dim(t, i, dim=1)
+
+
+def test_vander_stays_on_the_gpu_and_tensor_split_refuses_gpu_split_points(emu):
+    """`torch.vander`'s C++ allocates its result with `x.options()`, which name the host for an emulated tensor: the
+    matrix came back a CPU tensor. `tensor_split` reads tensor split points on the host and refuses a GPU tensor
+    with its own words; here it read the wrapper's missing data ("data is not allocated yet")."""
+    for x in (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 2, 3], dtype=torch.int8)):
+        for n, increasing in ((None, False), (4, True), (0, False)):
+            got = torch.vander(x.cuda(1), n, increasing=increasing)
+            want = torch.vander(x, n, increasing=increasing)
+            assert got.device == torch.device("cuda", 1) and got.dtype == want.dtype
+            torch.testing.assert_close(got.cpu(), want)
+    values = torch.arange(6, device="cuda:1")
+    assert [t.tolist() for t in values.tensor_split(torch.tensor([1, 3]))] == [[0], [1, 2], [3, 4, 5]]
+    with pytest.raises(RuntimeError, match="^tensor_split expected tensor_indices_or_sections to be on cpu, but it's "
+                                           "on cuda:1$"):
+        torch.tensor_split(values, torch.tensor([1, 3], device="cuda:1"))

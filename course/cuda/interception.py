@@ -534,6 +534,34 @@ def _ctc_loss_as_cuda_runs_it(log_probs, targets, input_lengths, target_lengths,
     return (losses / divisors.clamp_min(1)).mean()
 
 
+def _tensor_split(input, indices_or_sections, *args, **kwargs):
+    """`torch.tensor_split` given its split points as a tensor reads them on the host and refuses a GPU tensor
+    (TensorShape.cpp); its C++ sees the CPU device emulated tensors have underneath, and read a wrapper's data."""
+    if isinstance(indices_or_sections, EmulatedTensor) and indices_or_sections._device_index != CPU:
+        raise RuntimeError("tensor_split expected tensor_indices_or_sections to be on cpu, but it's on "
+                           f"{device_name(indices_or_sections._device_index)}")
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.tensor_split(input, indices_or_sections, *args, **kwargs)
+
+
+def _vander(x, N=None, increasing=False):
+    """`torch.vander`, step by step as its C++ (LinearAlgebra.cpp) takes them, on x's GPU: that C++ allocates its
+    result with `x.options()`, which name the host for an emulated tensor, so the matrix came back a CPU tensor."""
+    if x.dim() != 1:
+        raise RuntimeError("x must be a one-dimensional tensor.")
+    n = x.size(0) if N is None else N
+    if n < 0:
+        raise RuntimeError("N must be non-negative.")
+    dtype = torch.promote_types(x.dtype, torch.int64)  # cumprod promotes integers to long
+    result = handle_torch_function(torch.empty, (x.size(0), n), {"dtype": dtype, "device": x.device})
+    if n > 0:
+        result.fill_(1)
+        if n > 1:
+            result[:, 1:].copy_(x.unsqueeze(1))
+            result[:, 1:].copy_(torch.cumprod(result[:, 1:], 1))
+    return result if increasing else torch.flip(result, (1,))
+
+
 def _take_along_dim(input, indices, dim=None, *, out=None):
     """`torch.take_along_dim` checks its tensors' devices itself before the gather it runs (checkDevice,
     TensorAdvancedIndexing.cpp): its words, where the gather's would name two devices. Its C++ sees the CPU device
@@ -599,6 +627,9 @@ _HANDLERS = {
     torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
     torch.take_along_dim: _take_along_dim,
     torch.Tensor.take_along_dim: _take_along_dim,
+    torch.tensor_split: _tensor_split,
+    torch.Tensor.tensor_split: _tensor_split,
+    torch.vander: _vander,
     torch.ctc_loss: _ctc_loss_as_cuda_runs_it,
     torch.nn.functional.ctc_loss: _ctc_loss_as_cuda_runs_it,
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
