@@ -229,10 +229,11 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         torch.block_diag(b, b, torch.tensor(3.0))  # its own check: a 0-dim host tensor does not join the GPU
 
 
-def test_ctc_loss_takes_host_int32_targets_where_cudnn_takes_them(emu):
+def test_ctc_loss_takes_host_targets_and_lengths_as_cuda_pytorch_does(emu):
     """F.ctc_loss with GPU log-probs and int32 targets on the host runs on a GPU box (cuDNN's CTC, which
-    `_use_cudnn_ctc_loss` picks when every input is full length and blank is 0): CPU torch's losses and gradients;
-    long host targets, which the native GPU kernel gets, still mix devices."""
+    `_use_cudnn_ctc_loss` picks when every input is full length and blank is 0): CPU torch's losses and gradients.
+    Long host targets, which ctc_loss_impl moves to the GPU for the native kernel, and the default mean, which divides
+    by the target lengths on the losses' device, raised a device mismatch."""
     gen = torch.Generator().manual_seed(0)
     log_probs = torch.randn(12, 3, 6, generator=gen).log_softmax(2).requires_grad_()
     targets = torch.randint(1, 6, (9,), generator=gen, dtype=torch.int32)
@@ -243,8 +244,12 @@ def test_ctc_loss_takes_host_int32_targets_where_cudnn_takes_them(emu):
     expected.backward()
     torch.testing.assert_close(loss.cpu(), expected)
     torch.testing.assert_close(on_gpu.grad.cpu(), log_probs.grad)
-    with pytest.raises(RuntimeError, match="same device"):
-        F.ctc_loss(on_gpu, targets.long(), [12] * 3, [3, 4, 2])
+    lengths = torch.tensor([12] * 3, dtype=torch.int32), torch.tensor([3, 4, 2], dtype=torch.int32)
+    for host_targets in (targets, targets.long()):
+        torch.testing.assert_close(nn.CTCLoss()(on_gpu, host_targets, *lengths).cpu(),
+                                   nn.CTCLoss()(log_probs, host_targets, *lengths))
+    torch.testing.assert_close(F.ctc_loss(on_gpu, targets.long(), [11] * 3, [3, 4, 2]).cpu(),
+                               F.ctc_loss(log_probs, targets.long(), [11] * 3, [3, 4, 2]))
 
 
 def test_gpu_indices_into_a_host_tensor_raise_as_on_a_gpu(emu):
@@ -334,8 +339,8 @@ def test_factories_take_gpu_scalars_as_keywords(emu):
 
 def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
     """What the OpInfo sweep found a GPU runs and the emulator refused with the CPU's error: softmax's half-to-float
-    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d, antialiased resizes and gamma
-    and binomial draws, abs and trace of bool, `copy` given positionally to Tensor.to; and half grid_sample, which the
+    forward and backward (autocast's), nansum/nanmean of complex tensors, half avg_pool3d, antialiased resizes, gamma
+    and binomial draws and the gamma gradient, abs and trace of bool, `copy` given positionally to Tensor.to; and half grid_sample, which the
     CPU computes in half."""
     gen = torch.Generator().manual_seed(0)
     x, grad = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
@@ -359,9 +364,10 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
         torch.testing.assert_close(pooled.cpu(), F.avg_pool3d(volume.detach().cpu().float(), 2).to(half))
         pooled.float().sum().backward()
         assert volume.grad.dtype == half and (volume.grad.cpu() == 1 / 8).all()
-        resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode="bilinear", antialias=True)
-        torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
-                                                                mode="bilinear", antialias=True).to(half))
+        for mode in ("bilinear", "bicubic"):
+            resized = F.interpolate(volume[0].detach(), scale_factor=0.5, mode=mode, antialias=True)
+            torch.testing.assert_close(resized.cpu(), F.interpolate(volume[0].detach().cpu().float(), scale_factor=0.5,
+                                                                    mode=mode, antialias=True).to(half))
         alpha = torch.rand(6, generator=gen) + 0.5  # Distributions.cu's samplers, drawn in float
         draws = []
         for a in (alpha.to(half).cuda(1), alpha.to(half).float()):
@@ -369,6 +375,9 @@ def test_ops_cuda_runs_where_the_cpu_kernel_refuses(emu):
             draws.append((torch._standard_gamma(a), torch.binomial(a * 8, a / 2)))
         for got, want in zip(*draws):
             assert got.dtype == half and torch.equal(got.cpu(), want.to(half))
+        slope = torch._standard_gamma_grad(alpha.to(half).cuda(1), draws[0][0])  # a half Gamma's rsample backward
+        want = torch._standard_gamma_grad(alpha.to(half).float(), draws[0][0].cpu().float()).to(half)
+        assert slope.dtype == half and torch.equal(slope.cpu(), want)
         # grid_sample interpolates in float on a GPU (GridSampler.cu's opmath); the CPU kernel did it in half
         image, grid = torch.randn(2, 3, 8, 8, generator=gen), torch.rand(2, 5, 5, 2, generator=gen) * 2 - 1
         on_gpu = image.to(half).cuda().requires_grad_()
@@ -1393,6 +1402,23 @@ def test_in_place_views_change_the_shape_pytorch_sees(emu, op):
     torch.testing.assert_close(got.contiguous().view(-1).cpu(), expected.contiguous().view(-1))
 
 
+def test_tensors_an_op_writes_and_resizes_take_their_new_shape(emu):
+    """A per-channel QAT FakeQuantize (`_fused_moving_avg_obs_fq_helper`) grows its observer's empty min/max and its
+    one-element scale and zero point to one per channel, without returning them: the emulated buffers kept their old
+    shapes over the new values (scale.shape (1,), and `convert` found min inf and max -inf)."""
+    import torch.ao.quantization as tq
+    weight = torch.randn(4, 3)
+    fakes = [tq.FusedMovingAvgObsFakeQuantize(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128,
+                                              quant_max=127, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)
+             for _ in range(2)]
+    out = fakes[0].cuda(1)(weight.cuda(1))
+    torch.testing.assert_close(out.cpu(), fakes[1](weight))
+    for name in ("scale", "zero_point", "activation_post_process.min_val", "activation_post_process.max_val"):
+        got, want = fakes[0].get_buffer(name), fakes[1].get_buffer(name)
+        assert got.shape == want.shape == (4,) and got.device == torch.device("cuda", 1)
+        torch.testing.assert_close(got.cpu(), want)
+
+
 def test_per_sample_gradients_of_a_vector_matrix_product(emu):
     """matmul of a vector by a matrix squeezes its result in place; under torch.func.grad and vmap the wrong shape
     raised "returned an invalid gradient"."""
@@ -1559,3 +1585,20 @@ def test_take_along_dim_checks_devices_with_its_own_words(emu):
     with pytest.raises(RuntimeError, match=r"^Expected tensor to have cuda:1 Device, but got tensor with cpu Device "
                                            r"\(while checking arguments for torch.take_along_dim\(\):\)"):
         torch.take_along_dim(t, i, dim=1)
+
+
+def test_vander_stays_on_the_gpu_and_tensor_split_refuses_gpu_split_points(emu):
+    """`torch.vander`'s C++ allocates its result with `x.options()`, which name the host for an emulated tensor: the
+    matrix came back a CPU tensor. `tensor_split` reads tensor split points on the host and refuses a GPU tensor
+    with its own words; here it read the wrapper's missing data ("data is not allocated yet")."""
+    for x in (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 2, 3], dtype=torch.int8)):
+        for n, increasing in ((None, False), (4, True), (0, False)):
+            got = torch.vander(x.cuda(1), n, increasing=increasing)
+            want = torch.vander(x, n, increasing=increasing)
+            assert got.device == torch.device("cuda", 1) and got.dtype == want.dtype
+            torch.testing.assert_close(got.cpu(), want)
+    values = torch.arange(6, device="cuda:1")
+    assert [t.tolist() for t in values.tensor_split(torch.tensor([1, 3]))] == [[0], [1, 2], [3, 4, 5]]
+    with pytest.raises(RuntimeError, match="^tensor_split expected tensor_indices_or_sections to be on cpu, but it's "
+                                           "on cuda:1$"):
+        torch.tensor_split(values, torch.tensor([1, 3], device="cuda:1"))

@@ -183,9 +183,9 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
 def _in_float(op):
     """A CUDA kernel for half and bfloat16 that the CPU lacks, or runs in half precision, which computes in float and
     rounds its result (AveragePool3d.cu, MultiMarginCriterion.cu, MultilabelMarginCriterion.cu, UpSampleBilinear2d.cu's
-    antialiased kernels all accumulate in `acc_type<scalar_t, true>`, float; Distributions.cu's gamma, Dirichlet and
-    binomial samplers draw in it; GridSampler.cu interpolates in `opmath_type<scalar_t>`, float): the same in float on
-    the CPU, rounded back."""
+    antialiased kernels, bilinear and bicubic, all accumulate in `acc_type<scalar_t, true>`, float; Distributions.cu's
+    gamma, Dirichlet and binomial samplers draw in it and its gamma gradient (a half Gamma's rsample) computes in it;
+    GridSampler.cu interpolates in `opmath_type<scalar_t>`, float): the same in float on the CPU, rounded back."""
     def kernel(*args, **kwargs):
         halves = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)]
         if not halves:
@@ -257,7 +257,9 @@ def _rrelu_in_float(op):
 _FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default, aten.multi_margin_loss.default,
                        aten.multi_margin_loss_backward.default, aten.multilabel_margin_loss_forward.default,
                        aten.multilabel_margin_loss_backward.default, aten._upsample_bilinear2d_aa.default,
-                       aten._upsample_bilinear2d_aa_backward.default, aten._standard_gamma.default,
+                       aten._upsample_bilinear2d_aa_backward.default, aten._upsample_bicubic2d_aa.default,
+                       aten._upsample_bicubic2d_aa_backward.default, aten._standard_gamma.default,
+                       aten._standard_gamma_grad.default,
                        aten._sample_dirichlet.default, aten.binomial.default, aten.grid_sampler_2d.default,
                        aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d.default,
                        aten.grid_sampler_3d_backward.default]

@@ -11,6 +11,7 @@ import sys
 
 import torch
 import torch.utils._device
+from torch.nn._reduction import get_enum as _reduction_enum
 from torch.overrides import TorchFunctionMode
 
 from course.cuda import (aliasing_factories, attention, cudnn_rnn, functorch_layers, fused_dropout, graph_moves,
@@ -503,32 +504,62 @@ def _empty_result_on_device(function):
     return run
 
 
-def _lengths_read_on_host(ctc_loss):
-    """`F.ctc_loss` / `torch.ctc_loss` with length tensors, which may be on the CPU with GPU inputs: CUDA PyTorch reads
-    them on the host (LossCTC.cpp), as the list overload called here does."""
-
-    def run(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
-        if isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor):
-            # routed again, so that the call the C++ below sees was given no CPU tensor (kernels._from_torch_internals)
-            return handle_torch_function(ctc_loss, (log_probs, targets, input_lengths.tolist(),
-                                                    target_lengths.tolist()) + args, kwargs)
-        blank = args[0] if args else kwargs.get("blank", 0)
-        if _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank):
-            targets = targets.to(log_probs.device)
-        with torch._C.DisableTorchFunctionSubclass():
-            return ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
-
-    return run
+_REDUCTION_NONE, _REDUCTION_MEAN = 0, 1  # at::Reduction
 
 
-def _cudnn_ctc_takes(log_probs, targets, input_lengths, target_lengths, blank) -> bool:
-    """Whether CUDA PyTorch runs cuDNN's CTC (`_use_cudnn_ctc_loss`, LossCTC.cpp), which takes int32 targets on the
-    host; the native kernel the emulator runs then gets them on the GPU, with the same losses and gradients."""
-    return (torch.backends.cudnn.enabled and blank == 0 and isinstance(targets, torch.Tensor) and targets.dim() == 1
-            and targets.dtype == torch.int32 and targets.device.type == "cpu" and targets.is_contiguous()
-            and log_probs.is_cuda and log_probs.dtype == torch.float32 and log_probs.dim() == 3
-            and all(length == log_probs.size(0) for length in input_lengths)
-            and all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths)))
+def _ctc_loss_as_cuda_runs_it(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=None,
+                              zero_infinity=False):
+    """`F.ctc_loss` / `torch.ctc_loss` as CUDA PyTorch runs them (ctc_loss_impl, LossCTC.cpp): length tensors read on the
+    host, the targets moved to the log-probs' device wherever they are (cuDNN's CTC takes int32 ones on the host, the
+    native kernel gets them moved "as a service for the user"), and the mean's division by the target lengths made on
+    that device. The C++ reads an emulated tensor's device as the host's, so it moved neither: a device mismatch.
+    (`F.ctc_loss` always passes its reduction.)"""
+    lengths = [input_lengths, target_lengths]
+    if all(isinstance(n, torch.Tensor) and not n.is_floating_point() for n in lengths):
+        lengths = [n.tolist() for n in lengths]
+    if isinstance(reduction, str):
+        reduction = _reduction_enum(reduction)
+    if isinstance(targets, torch.Tensor) and isinstance(log_probs, torch.Tensor) and \
+            device_of(targets) != device_of(log_probs):
+        targets = handle_torch_function(torch.Tensor.to, (targets, log_probs.device), {})
+    mean = reduction == _REDUCTION_MEAN and all(isinstance(n, (list, tuple)) for n in lengths)
+    with torch._C.DisableTorchFunctionSubclass():
+        if reduction is None:  # `torch.ctc_loss` called without one: its binding's own default
+            return torch.ctc_loss(log_probs, targets, *lengths, blank, zero_infinity=zero_infinity)
+        losses = torch.ctc_loss(log_probs, targets, *lengths, blank, _REDUCTION_NONE if mean else reduction,
+                                zero_infinity)
+    if not mean:
+        return losses
+    divisors = handle_torch_function(torch.tensor, (lengths[1],), {"dtype": losses.dtype, "device": losses.device})
+    return (losses / divisors.clamp_min(1)).mean()
+
+
+def _tensor_split(input, indices_or_sections, *args, **kwargs):
+    """`torch.tensor_split` given its split points as a tensor reads them on the host and refuses a GPU tensor
+    (TensorShape.cpp); its C++ sees the CPU device emulated tensors have underneath, and read a wrapper's data."""
+    if isinstance(indices_or_sections, EmulatedTensor) and indices_or_sections._device_index != CPU:
+        raise RuntimeError("tensor_split expected tensor_indices_or_sections to be on cpu, but it's on "
+                           f"{device_name(indices_or_sections._device_index)}")
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.tensor_split(input, indices_or_sections, *args, **kwargs)
+
+
+def _vander(x, N=None, increasing=False):
+    """`torch.vander`, step by step as its C++ (LinearAlgebra.cpp) takes them, on x's GPU: that C++ allocates its
+    result with `x.options()`, which name the host for an emulated tensor, so the matrix came back a CPU tensor."""
+    if x.dim() != 1:
+        raise RuntimeError("x must be a one-dimensional tensor.")
+    n = x.size(0) if N is None else N
+    if n < 0:
+        raise RuntimeError("N must be non-negative.")
+    dtype = torch.promote_types(x.dtype, torch.int64)  # cumprod promotes integers to long
+    result = handle_torch_function(torch.empty, (x.size(0), n), {"dtype": dtype, "device": x.device})
+    if n > 0:
+        result.fill_(1)
+        if n > 1:
+            result[:, 1:].copy_(x.unsqueeze(1))
+            result[:, 1:].copy_(torch.cumprod(result[:, 1:], 1))
+    return result if increasing else torch.flip(result, (1,))
 
 
 def _take_along_dim(input, indices, dim=None, *, out=None):
@@ -596,8 +627,11 @@ _HANDLERS = {
     torch.linalg.cond: _empty_result_on_device(torch.linalg.cond),
     torch.take_along_dim: _take_along_dim,
     torch.Tensor.take_along_dim: _take_along_dim,
-    torch.ctc_loss: _lengths_read_on_host(torch.ctc_loss),
-    torch.nn.functional.ctc_loss: _lengths_read_on_host(torch.nn.functional.ctc_loss),
+    torch.tensor_split: _tensor_split,
+    torch.Tensor.tensor_split: _tensor_split,
+    torch.vander: _vander,
+    torch.ctc_loss: _ctc_loss_as_cuda_runs_it,
+    torch.nn.functional.ctc_loss: _ctc_loss_as_cuda_runs_it,
     torch.nn.functional.scaled_dot_product_attention: attention.scaled_dot_product_attention,
     attention.flex_attention_hop: attention.flex_attention,
     torch._VF._pack_padded_sequence: packed_sequences.pack_padded_sequence,

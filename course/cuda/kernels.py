@@ -77,7 +77,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel", "gpu_check", "bumps_versions")
+                 "python_cuda_kernel", "gpu_check", "bumps_versions", "writes_unreturned")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -92,6 +92,14 @@ class _OpInfo:
         # CUDA's foreach kernels bump the version counters of the tensors they write (ForeachFunctors.cuh's
         # increment_version), as ATen's per-tensor in-place ops do: these ops have no ADInplaceOrView kernel to.
         self.bumps_versions = self.writes_in_place if self.name.startswith("aten::_foreach_") else ()
+        # Tensors an op writes without returning them, which its kernel may resize: `_fused_moving_avg_obs_fq_helper`
+        # (a QAT per-channel FakeQuantize) grows its observer's empty min/max and its scale and zero point to one per
+        # channel, as FusedObsFakeQuant.cu does. Their wrappers must take the new shape, as `_given_back` gives a
+        # returned one. Foreach ops never resize theirs.
+        returned = [r.alias_info.before_set for r in func._schema.returns if r.alias_info is not None]
+        self.writes_unreturned = () if self.name.startswith("aten::_foreach_") else tuple(
+            i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+            and not a.kwarg_only and a.type.kind() == "TensorType" and a.alias_info.before_set not in returned)
         self.no_kernel = (func.is_view or unsafe_view or func._overloadpacket in _ALLOCATION_ONLY or self.restrides
                           or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default))
         self.returns_view = unsafe_view or any(r.alias_info is not None for r in func._schema.returns)
@@ -427,6 +435,11 @@ def run_kernel(emu, func, args, kwargs):
     for index in info.bumps_versions:
         written = args[index] if index < len(args) else ()
         torch.autograd.graph.increment_version([t for t in written if isinstance(t, EmulatedTensor)])
+    for index in info.writes_unreturned:
+        written = args[index] if index < len(args) else None
+        if type(written) is EmulatedTensor and written._inner.layout is torch.strided and (
+                written._inner.shape != written.shape or written._inner.stride() != written.stride()):
+            _follow_new_metadata(emu, written, (), written._device_index)
     if info.cudnn:
         out = _memory_format_like_cudnn(func, out, un_args)
     if type(out) is torch.Tensor and device is not None and device != CPU and not scratch:
