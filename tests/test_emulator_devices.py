@@ -257,6 +257,29 @@ def test_host_scalars_join_only_tensoriterator_kernels_as_on_a_gpu(emu):
         x.masked_fill(torch.tensor(True), 0.0)
 
 
+def test_convolutions_refuse_mixed_tensors_as_cudnn_and_onednn_do(emu):
+    """A convolution compares its tensors' types before it runs (Convolution.cpp's check_input_same_type_as_parameters):
+    a GPU model given host images, or GPU images given a host model or half ones, fails with PyTorch's best-known
+    messages; weights on another GPU meet cudnn_convolution's wrapper. The CPU's kernels worded the dtype mismatch
+    otherwise ("expected scalar type Half but found Float"), and the device mismatches as any op's."""
+    images, conv = torch.randn(2, 3, 8, 8), nn.Conv2d(3, 4, 3)
+    on_gpu = copy.deepcopy(conv).to("cuda:0")
+    torch.testing.assert_close(on_gpu(images.cuda()).cpu(), conv(images))
+    with pytest.raises(RuntimeError, match=r"^Input type \(torch.FloatTensor\) and weight type "
+                                           r"\(torch.cuda.FloatTensor\) should be the same or input should be a MKLDNN "
+                                           r"tensor and weight is a dense tensor$"):
+        on_gpu(images)
+    with pytest.raises(RuntimeError, match=r"^Input type \(torch.cuda.FloatTensor\) and weight type "
+                                           r"\(torch.FloatTensor\) should be the same$"):
+        conv(images.cuda())
+    with pytest.raises(RuntimeError, match=r"^Input type \(torch.cuda.HalfTensor\) and weight type "
+                                           r"\(torch.cuda.FloatTensor\) should be the same$"):
+        F.conv2d(images.cuda().half(), on_gpu.weight)
+    with pytest.raises(RuntimeError, match=r"but got weight is on cuda:1, different from other tensors on cuda:0 "
+                                           r"\(when checking argument in method wrapper_CUDA__cudnn_convolution\)$"):
+        on_gpu.to("cuda:1")(images.cuda())
+
+
 def test_ctc_loss_takes_host_int32_targets_where_cudnn_takes_them(emu):
     """F.ctc_loss with GPU log-probs and int32 targets on the host runs on a GPU box (cuDNN's CTC, which
     `_use_cudnn_ctc_loss` picks when every input is full length and blank is 0): CPU torch's losses and gradients;

@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs,
-                         host_only_ops, kernel_dtypes, quantized, sync_debug, wrapper_device_checks)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_checks, foreach_devices, functorch_layers,
+                         graphs, host_only_ops, kernel_dtypes, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -119,6 +119,8 @@ class _OpInfo:
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
         self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else (
             host_only_ops.refusal(func) or _both(quantized.refusal(func), kernel_dtypes.refusal(func)))
+        if func is _CONVOLUTION:  # cuDNN compares the tensors' types before anything else
+            self.gpu_check = _both(device_checks.check_convolution_types, self.gpu_check)
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
@@ -165,14 +167,16 @@ def _common_device(func, tensors, args, kwargs) -> tuple[int | None, bool]:
     """The one device all tensor arguments share, by CUDA PyTorch's rules, else its error.
 
     0-dim CPU tensors may join a GPU in TensorIterator's kernels, not in those whose generated wrapper checks devices
-    (wrapper_device_checks.py). PyTorch's own C++ (the autograd engine's zero gradients, DDP's gradient buckets) makes
+    (device_checks.py). PyTorch's own C++ (the autograd engine's zero gradients, DDP's gradient buckets) makes
     plain CPU tensors that stand for memory on the op's GPU: those join the GPU too, and the second result says so
     (see `host_scratch`).
     """
     if func is _BLOCK_DIAG:
         _check_block_diag_devices(tensors)
     if func in _MASKED_FILLS:
-        _check_masked_fill_devices(args)
+        device_checks.check_masked_fill(args, _host_tensor_from_program)
+    elif func is _CONVOLUTION:
+        device_checks.check_convolution(args, _host_tensor_from_program)
     device, scratch, host_scalar = None, False, False
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
@@ -191,28 +195,18 @@ def _common_device(func, tensors, args, kwargs) -> tuple[int | None, bool]:
         elif func is torch.ops.aten.copy_.default:
             continue
         else:
-            wrapper_device_checks.check(func, args, kwargs)
+            device_checks.check(func, args, kwargs)
             # TensorIterator's words: the first device not the CPU's, then the one that differs from it
             raise device_mismatch(max(device, index), CPU) if CPU in (device, index) else device_mismatch(device, index)
-    if host_scalar and device not in (None, CPU) and wrapper_device_checks.checks_devices(func) \
+    if host_scalar and device not in (None, CPU) and device_checks.checks_devices(func) \
             and _host_tensor_from_program():
-        wrapper_device_checks.check(func, args, kwargs)
+        device_checks.check(func, args, kwargs)
     return device, scratch
 
 
-# masked_fill's CUDA kernel compares its mask's device with its own (aten/src/ATen/native/cuda/Indexing.cu), 0-dim too
 _MASKED_FILLS = {torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor,
                  torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor}
-
-
-def _check_masked_fill_devices(args) -> None:
-    """A host mask C++ made for itself (the math attention's causal mask) stands for one on the GPU."""
-    self, mask = device_of(args[0]), device_of(args[1])
-    if self != mask and (CPU not in (self, mask) or _host_tensor_from_program()):
-        raise RuntimeError(f"expected self and mask to be on the same device, but got mask on {device_name(mask)} "
-                           f"and self on {device_name(self)}")
-
-
+_CONVOLUTION = torch.ops.aten.convolution.default
 _BLOCK_DIAG = torch.ops.aten.block_diag.default
 _FILL_TENSOR = torch.ops.aten.fill_.Tensor
 

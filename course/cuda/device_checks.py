@@ -1,4 +1,4 @@
-"""The device check PyTorch's code generator writes into the wrapper of every CUDA kernel, in its words.
+"""The device checks CUDA PyTorch makes before a kernel runs, in its words.
 
 TensorIterator's kernels (`add`, `mul`, `where`, ... marked `device_check: NoCheck` in native_functions.yaml) let a
 0-dim CPU tensor join a GPU op as a scalar. Every other op with a CUDA kernel gets a wrapper that compares the devices
@@ -6,7 +6,9 @@ of its out= and positional tensor arguments, one by one, and refuses any differe
 (`c10::impl::check_and_update_common_device`, aten/src/ATen/core/op_registration/adaption.h; the wrapper is written by
 `gen_device_check` in torchgen/dest/register_dispatch_key.py): `x.clamp(max=shape[1] - 1)` with a CPU `shape` runs on a
 CPU but stops on a GPU. The yaml ships with torch, in torchgen's package; it is read once, the first time a tensor on
-the host meets a GPU tensor in an op.
+the host meets a GPU tensor in such an op. Some kernels compare devices themselves first: masked_fill
+(aten/src/ATen/native/cuda/Indexing.cu) and convolution, which compares its tensors' types before it picks cuDNN or
+oneDNN (aten/src/ATen/native/Convolution.cpp).
 """
 from __future__ import annotations
 
@@ -122,6 +124,73 @@ def check(func, args, kwargs) -> None:
                 common = _device(tensor)
             elif _device(tensor) != common:
                 raise RuntimeError(
-                    f"Expected all tensors to be on the same device, but got {name} is on {device_name(_device(tensor))}"
-                    f", different from other tensors on {device_name(common)} (when checking argument in method "
-                    f"{_wrapper_name(func)})")
+                    f"Expected all tensors to be on the same device, but got {name} is on "
+                    f"{device_name(_device(tensor))}, different from other tensors on {device_name(common)} (when "
+                    f"checking argument in method {_wrapper_name(func)})")
+
+
+def check_masked_fill(args, host_tensor_from_program) -> None:
+    """masked_fill_'s own check, of any two devices. A host mask C++ made for itself (the math attention's causal mask)
+    stands for one on the GPU: `host_tensor_from_program()` says whether the program's call handed it a host tensor."""
+    self, mask = _device(args[0]), _device(args[1])
+    if self != mask and (CPU not in (self, mask) or host_tensor_from_program()):
+        raise RuntimeError(f"expected self and mask to be on the same device, but got mask on {device_name(mask)} "
+                           f"and self on {device_name(self)}")
+
+
+# `Tensor::toString()` after torch/csrc/Exceptions.cpp's `processErrorMsg`, which gives the legacy types their names
+_LEGACY_NAMES = {torch.uint8: "Byte", torch.int8: "Char", torch.float64: "Double", torch.float32: "Float",
+                 torch.int32: "Int", torch.int64: "Long", torch.int16: "Short", torch.float16: "Half"}
+
+
+def _type_name(tensor: torch.Tensor, on_gpu: bool) -> str:
+    legacy = _LEGACY_NAMES.get(tensor.dtype)
+    if legacy is not None:
+        return f"torch.cuda.{legacy}Tensor" if on_gpu else f"torch.{legacy}Tensor"
+    scalar_type = {torch.bfloat16: "BFloat16", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                   torch.complex128: "ComplexDouble"}.get(tensor.dtype, str(tensor.dtype))
+    return f"{'CUDA' if on_gpu else 'CPU'}{scalar_type}Type"
+
+
+def _goes_to_cudnn(args) -> bool:
+    """`_select_conv_backend` for a GPU input: cuDNN for floating types, but a float or double depthwise 2-D
+    convolution goes to `_conv_depthwise2d`'s own kernel, without cuDNN's type check."""
+    image, weight, transposed, groups = args[0], args[1], args[6], args[8]
+    depthwise = not transposed and image.dim() == 4 and groups > 1 and image.size(1) == groups and \
+        weight.size(0) % groups == 0
+    return image.is_floating_point() and not (depthwise and image.dtype in (torch.float32, torch.float64))
+
+
+def _check_cudnn_types(image, parameters, on_gpu) -> None:
+    """`check_input_same_type_as_parameters`: `TensorOptions::type_equal`, the same dtype on the same kind of device
+    (a GPU's index is not compared). `on_gpu(tensor)` says where a tensor is."""
+    for name, parameter in parameters:
+        if parameter is not None and (parameter.dtype != image.dtype or on_gpu(parameter) != on_gpu(image)):
+            raise RuntimeError(f"Input type ({_type_name(image, on_gpu(image))}) and {name} type "
+                               f"({_type_name(parameter, on_gpu(parameter))}) should be the same")
+
+
+def check_convolution_types(args) -> None:
+    """cuDNN's type check of a convolution whose tensors are all on GPUs (`args` unwrapped): the CPU's kernels word
+    it otherwise ("Input type (c10::Half) and bias type (float)")."""
+    if _goes_to_cudnn(args):
+        _check_cudnn_types(args[0], (("weight", args[1]), ("bias", args[2])), lambda tensor: True)
+
+
+def check_convolution(args, host_tensor_from_program) -> None:
+    """`aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)` on tensors
+    of two devices. A GPU input goes to cuDNN, which first compares types ("Input type (torch.cuda.FloatTensor) and
+    weight type (torch.FloatTensor) should be the same"), then meets `cudnn_convolution`'s wrapper (weights on another
+    GPU); a float host input big enough for oneDNN gets oneDNN's type check. Others keep the generic error."""
+    image, weight, bias, transposed = args[0], args[1], args[2], args[6]
+    if CPU in (_device(image), _device(weight)) and not host_tensor_from_program():
+        return  # a host tensor PyTorch's C++ made for itself stands for GPU memory
+    if _device(image) != CPU:
+        if _goes_to_cudnn(args):
+            _check_cudnn_types(image, (("weight", weight), ("bias", bias)), lambda tensor: _device(tensor) != CPU)
+            cudnn = torch.ops.aten.cudnn_convolution_transpose if transposed else torch.ops.aten.cudnn_convolution
+            check(cudnn.default, (image, weight), {})
+    elif image.dtype == torch.float32 and _device(weight) != CPU and (
+            image.numel() >= 16 or image.size(0) >= 16 or any(s != 1 for s in args[3]) or any(d != 1 for d in args[5])):
+        raise RuntimeError(f"Input type ({_type_name(image, False)}) and weight type ({_type_name(weight, True)}) "
+                           "should be the same or input should be a MKLDNN tensor and weight is a dense tensor")
