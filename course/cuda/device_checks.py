@@ -22,35 +22,46 @@ from course.cuda.devices import CPU, EmulatedTensor, device_name
 
 
 @functools.cache
-def _wrappers() -> dict[str, bool]:
-    """Op name ("clamp.Tensor") -> whether its CUDA wrapper is a structured kernel's, for the ops whose CUDA wrapper
-    checks devices: not `device_check: NoCheck`, with a CUDA kernel of their own or through a structured delegate."""
+def _native_functions() -> str:
+    """native_functions.yaml's text ("" where torchgen's copy is missing): each op's entry is searched in it when
+    first asked about, which costs less than parsing the 15,000 lines most programs never need."""
     spec = importlib.util.find_spec("torchgen")
     path = spec and spec.submodule_search_locations and os.path.join(
         spec.submodule_search_locations[0], "packaged", "ATen", "native", "native_functions.yaml")
     if not path or not os.path.exists(path):
-        return {}
+        return ""
     with open(path) as yaml:
-        entries = yaml.read().split("\n- func: ")[1:]
-    cuda_kernels, checked, structured, delegates = set(), set(), set(), {}
-    for entry in entries:
-        name = entry[:entry.index("(")]
-        if "\n  device_check: NoCheck" not in entry:
-            checked.add(name)
-        if "\n  structured: True" in entry:
-            structured.add(name)
-        if "\n  structured_delegate: " in entry:
-            delegates[name] = entry.split("\n  structured_delegate: ", 1)[1].split(None, 1)[0]
-        if "\n  dispatch:" in entry and _names_cuda(entry.split("\n  dispatch:", 1)[1]):
-            cuda_kernels.add(name)
-    wrappers = {name: name in structured for name in checked & cuda_kernels}
-    wrappers.update({name: True for name in checked - cuda_kernels if delegates.get(name) in cuda_kernels})
-    return wrappers
+        return yaml.read()
 
 
-def _names_cuda(dispatch: str) -> bool:
-    """Whether a `dispatch:` block (its lines indented four spaces, "CPU, CUDA: kernel") has a CUDA kernel."""
-    for line in dispatch.split("\n")[1:]:
+def _entry(name: str) -> str:
+    text = _native_functions()
+    start = text.find(f"\n- func: {name}(")
+    if start < 0:
+        return ""
+    end = text.find("\n- func: ", start + 1)
+    return text[start:end] if end > 0 else text[start:]
+
+
+def _wrapper_kind(name: str) -> bool | None:
+    """For an op ("clamp.Tensor") whose CUDA wrapper checks devices (not `device_check: NoCheck`, with a CUDA kernel
+    of its own or through its structured delegate): whether that wrapper is a structured kernel's. Else None."""
+    entry = _entry(name)
+    if not entry or "\n  device_check: NoCheck" in entry:
+        return None
+    if _has_cuda_kernel(entry):
+        return "\n  structured: True" in entry
+    if "\n  structured_delegate: " in entry:
+        delegate = entry.split("\n  structured_delegate: ", 1)[1].split(None, 1)[0]
+        return True if _has_cuda_kernel(_entry(delegate)) else None
+    return None
+
+
+def _has_cuda_kernel(entry: str) -> bool:
+    """Whether an entry's `dispatch:` block (lines indented four spaces, "CPU, CUDA: kernel") names a CUDA kernel."""
+    if "\n  dispatch:" not in entry:
+        return False
+    for line in entry.split("\n  dispatch:", 1)[1].split("\n")[1:]:
         if not line.startswith("    "):
             return False
         if "CUDA" in (key.strip() for key in line.split(":", 1)[0].split(",")):
@@ -65,14 +76,14 @@ _COMPOSITES = {
                                        lambda weight, indices, *_args, **_kwargs: (weight, 0, indices)),
     torch.ops.aten.stack.default: (torch.ops.aten.cat.default, lambda tensors, dim=0: (tensors, dim)),
 }
-_checks: dict = {}
+_checks: dict = {}  # by the C++ operator, whose hash is C's (an OpOverload's is a Python call)
 
 
 def checks_devices(func) -> bool:
     """Whether `func`'s CUDA kernel sits behind a generated wrapper that compares its arguments' devices."""
-    answer = _checks.get(func)
+    answer = _checks.get(func._op)
     if answer is None:
-        answer = _checks[func] = func in _COMPOSITES or _op_name(func) in _wrappers()
+        answer = _checks[func._op] = func in _COMPOSITES or _wrapper_kind(_op_name(func)) is not None
     return answer
 
 
@@ -89,7 +100,7 @@ def _wrapper_name(func) -> str:
     overload first (`wrapper_CUDA_clamp_Tensor`, `wrapper_CUDA__index_select`)."""
     base = func._schema.name[6:] + ("_out" if any(a.is_out for a in func._schema.arguments) else "")
     overload = "" if func._overloadname == "default" else func._overloadname
-    if _wrappers()[_op_name(func)]:
+    if _wrapper_kind(_op_name(func)):
         return f"wrapper_CUDA_{base}_{overload}" if overload else f"wrapper_CUDA_{base}"
     return f"wrapper_CUDA_{overload}_{base}"
 
