@@ -239,6 +239,9 @@ def test_host_scalars_join_only_tensoriterator_kernels_as_on_a_gpu(emu):
     torch.testing.assert_close((x * scalar).cpu(), host * scalar)
     torch.testing.assert_close(torch.where(x > 2, x, scalar).cpu(), torch.where(host > 2, host, scalar))
     torch.testing.assert_close(x.clamp(max=scalar.to("cuda:1")).cpu(), host.clamp(max=scalar))
+    torch.testing.assert_close(torch.lerp(x, x * 2, scalar).cpu(), torch.lerp(host, host * 2, scalar))
+    with pytest.raises(RuntimeError, match=r"^Trying to pass too many CPU scalars to non-CPU kernel!$"):
+        torch.addcmul(x, scalar, scalar)  # TensorIterator takes one
     with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but got max is on cpu, "
                                            r"different from other tensors on cuda:1 \(when checking argument in method "
                                            r"wrapper_CUDA_clamp_Tensor\)$"):

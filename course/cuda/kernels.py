@@ -177,14 +177,14 @@ def _common_device(func, tensors, args, kwargs) -> tuple[int | None, bool]:
         device_checks.check_masked_fill(args, _host_tensor_from_program)
     elif func is _CONVOLUTION:
         device_checks.check_convolution(args, _host_tensor_from_program)
-    device, scratch, host_scalar = None, False, False
+    device, scratch, host_scalars = None, False, 0
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
             index = arg._device_index
         elif not (arg.dim() == 0 and arg.device.type in ("cpu", "meta")):  # meta: a scalar C++ wrapped, shape-only
             index = CPU
         else:
-            host_scalar = True
+            host_scalars += 1
             continue
         if device is None or device == index:
             device = index
@@ -198,10 +198,18 @@ def _common_device(func, tensors, args, kwargs) -> tuple[int | None, bool]:
             device_checks.check(func, args, kwargs)
             # TensorIterator's words: the first device not the CPU's, then the one that differs from it
             raise device_mismatch(max(device, index), CPU) if CPU in (device, index) else device_mismatch(device, index)
-    if host_scalar and device not in (None, CPU) and device_checks.checks_devices(func) \
+    if host_scalars and device not in (None, CPU) and device_checks.checks_devices(func) \
             and _host_tensor_from_program():
         device_checks.check(func, args, kwargs)
+    if host_scalars > 1 and device not in (None, CPU) and func._overloadpacket in _TERNARY_POINTWISE \
+            and _host_tensor_from_program():
+        raise RuntimeError("Trying to pass too many CPU scalars to non-CPU kernel!")  # TensorIterator takes one
     return device, scratch
+
+
+# Ops with three tensor inputs that TensorIterator runs with `allow_cpu_scalars` (PointwiseOps.cpp, Lerp.cpp)
+_TERNARY_POINTWISE = {torch.ops.aten.addcmul, torch.ops.aten.addcmul_, torch.ops.aten.addcdiv, torch.ops.aten.addcdiv_,
+                      torch.ops.aten.lerp, torch.ops.aten.lerp_}
 
 
 _MASKED_FILLS = {torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor,
