@@ -194,8 +194,9 @@ def check_convolution(args, host_tensor_from_program) -> None:
     weight type (torch.FloatTensor) should be the same"), then meets `cudnn_convolution`'s wrapper (weights on another
     GPU); a float host input big enough for oneDNN gets oneDNN's type check. Others keep the generic error."""
     image, weight, bias, transposed = args[0], args[1], args[2], args[6]
-    if CPU in (_device(image), _device(weight)) and not host_tensor_from_program():
-        return  # a host tensor PyTorch's C++ made for itself stands for GPU memory
+    on_host = [t for t in (image, weight, bias) if t is not None and _device(t) == CPU]
+    if on_host and not host_tensor_from_program():
+        return  # a host tensor PyTorch's C++ made for itself (a forward-mode tangent's zeros) stands for GPU memory
     if _device(image) != CPU:
         if _goes_to_cudnn(args):
             _check_cudnn_types(image, (("weight", weight), ("bias", bias)), lambda tensor: _device(tensor) != CPU)
