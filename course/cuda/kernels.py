@@ -173,7 +173,7 @@ def _common_device(func, tensors, args, kwargs) -> tuple[int | None, bool]:
     """
     if func is _BLOCK_DIAG:
         _check_block_diag_devices(tensors)
-    if func in _MASKED_FILLS:
+    if func._op in _MASKED_FILLS:  # the C++ operator: its hash is C's
         device_checks.check_masked_fill(args, _host_tensor_from_program)
     elif func is _CONVOLUTION:
         device_checks.check_convolution(args, _host_tensor_from_program)
@@ -212,8 +212,8 @@ _TERNARY_POINTWISE = {torch.ops.aten.addcmul, torch.ops.aten.addcmul_, torch.ops
                       torch.ops.aten.lerp, torch.ops.aten.lerp_}
 
 
-_MASKED_FILLS = {torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor,
-                 torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor}
+_MASKED_FILLS = {op._op for op in (torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor,
+                                    torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)}
 _CONVOLUTION = torch.ops.aten.convolution.default
 _BLOCK_DIAG = torch.ops.aten.block_diag.default
 _FILL_TENSOR = torch.ops.aten.fill_.Tensor
