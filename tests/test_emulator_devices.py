@@ -229,6 +229,60 @@ def test_mixing_devices_raises_pytorchs_message(emu):
         torch.block_diag(b, b, torch.tensor(3.0))  # its own check: a 0-dim host tensor does not join the GPU
 
 
+def test_host_scalars_join_only_tensoriterator_kernels_as_on_a_gpu(emu):
+    """A 0-dim host tensor joins a GPU op that TensorIterator runs (`x * t`, `torch.where`), with plain CPU torch's
+    values; ops whose CUDA wrapper checks devices (clamp with tensor bounds, matmuls, index_select under
+    `nn.Embedding`) refuse it, and any host tensor, in the wrapper's words. `clamp(max=cpu_scalar)` ran here and stops
+    on a GPU box; masked_fill refuses a host mask in its kernel's own words."""
+    host, scalar = torch.arange(6.0).reshape(2, 3), torch.tensor(2.5)
+    x = host.to("cuda:1")
+    torch.testing.assert_close((x * scalar).cpu(), host * scalar)
+    torch.testing.assert_close(torch.where(x > 2, x, scalar).cpu(), torch.where(host > 2, host, scalar))
+    torch.testing.assert_close(x.clamp(max=scalar.to("cuda:1")).cpu(), host.clamp(max=scalar))
+    torch.testing.assert_close(torch.lerp(x, x * 2, scalar).cpu(), torch.lerp(host, host * 2, scalar))
+    with pytest.raises(RuntimeError, match=r"^Trying to pass too many CPU scalars to non-CPU kernel!$"):
+        torch.addcmul(x, scalar, scalar)  # TensorIterator takes one
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but got max is on cpu, "
+                                           r"different from other tensors on cuda:1 \(when checking argument in method "
+                                           r"wrapper_CUDA_clamp_Tensor\)$"):
+        x.clamp(max=scalar)
+    with pytest.raises(RuntimeError, match=r"but got mat2 is on cpu, different from other tensors on cuda:1 \(when "
+                                           r"checking argument in method wrapper_CUDA_mm\)$"):
+        x @ torch.ones(3, 2)
+    with pytest.raises(RuntimeError, match=r"but got index is on cpu, different from other tensors on cuda:1 \(when "
+                                           r"checking argument in method wrapper_CUDA__index_select\)$"):
+        nn.Embedding(4, 2).to("cuda:1")(torch.tensor([0, 3]))
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but found at least two "
+                                           r"devices, cuda:1 and cpu!$"):
+        torch.ones(3) + x  # TensorIterator names the GPU first
+    with pytest.raises(RuntimeError, match=r"^expected self and mask to be on the same device, but got mask on cpu and "
+                                           r"self on cuda:1$"):
+        x.masked_fill(torch.tensor(True), 0.0)
+
+
+def test_convolutions_refuse_mixed_tensors_as_cudnn_and_onednn_do(emu):
+    """A convolution compares its tensors' types before it runs (Convolution.cpp's check_input_same_type_as_parameters):
+    a GPU model given host images, or GPU images given a host model or half ones, fails with PyTorch's best-known
+    messages; weights on another GPU meet cudnn_convolution's wrapper. The CPU's kernels worded the dtype mismatch
+    otherwise ("expected scalar type Half but found Float"), and the device mismatches as any op's."""
+    images, conv = torch.randn(2, 3, 8, 8), nn.Conv2d(3, 4, 3)
+    on_gpu = copy.deepcopy(conv).to("cuda:0")
+    torch.testing.assert_close(on_gpu(images.cuda()).cpu(), conv(images))
+    with pytest.raises(RuntimeError, match=r"^Input type \(torch.FloatTensor\) and weight type "
+                                           r"\(torch.cuda.FloatTensor\) should be the same or input should be a MKLDNN "
+                                           r"tensor and weight is a dense tensor$"):
+        on_gpu(images)
+    with pytest.raises(RuntimeError, match=r"^Input type \(torch.cuda.FloatTensor\) and weight type "
+                                           r"\(torch.FloatTensor\) should be the same$"):
+        conv(images.cuda())
+    with pytest.raises(RuntimeError, match=r"^Input type \(torch.cuda.HalfTensor\) and weight type "
+                                           r"\(torch.cuda.FloatTensor\) should be the same$"):
+        F.conv2d(images.cuda().half(), on_gpu.weight)
+    with pytest.raises(RuntimeError, match=r"but got weight is on cuda:1, different from other tensors on cuda:0 "
+                                           r"\(when checking argument in method wrapper_CUDA__cudnn_convolution\)$"):
+        on_gpu.to("cuda:1")(images.cuda())
+
+
 def test_ctc_loss_takes_host_targets_and_lengths_as_cuda_pytorch_does(emu):
     """F.ctc_loss with GPU log-probs and int32 targets on the host runs on a GPU box (cuDNN's CTC, which
     `_use_cudnn_ctc_loss` picks when every input is full length and blank is 0): CPU torch's losses and gradients.
@@ -1207,6 +1261,10 @@ def test_numpy_needs_cpu_first_like_on_a_gpu(emu):
     assert torch.ones(2, device="cuda:0").cpu().numpy().tolist() == [1.0, 1.0]
     assert numpy.asarray(torch.ones(2, device="cuda:0").cpu(), dtype=numpy.float64).dtype == numpy.float64
     assert torch.ones(2, device="cuda:0").tolist() == [1.0, 1.0]
+    host = torch.tensor([1 + 2j, 3 - 1j]).conj()  # force=True is `t.detach().cpu().resolve_conj().resolve_neg()`
+    numpy.testing.assert_array_equal(host.cuda().requires_grad_(False).numpy(force=True), host.numpy(force=True))
+    weights = torch.arange(3.0, requires_grad=True)
+    numpy.testing.assert_array_equal((weights.cuda() * 2).numpy(force=True), (weights * 2).numpy(force=True))
 
 
 def test_outside_the_block_torch_is_untouched():

@@ -274,6 +274,8 @@ def _is_pinned(self, device=None):
 
 
 def _numpy(self, force=False):
+    if force and device_of(self) != CPU:  # PyTorch's `t.detach().cpu().resolve_conj().resolve_neg().numpy()`
+        return _numpy(self.detach().cpu(), force=True)
     if device_of(self) != CPU:
         raise TypeError(
             f"can't convert {self.device} device type tensor to numpy. "

@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs,
-                         host_only_ops, kernel_dtypes, quantized, sync_debug)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_checks, foreach_devices, functorch_layers,
+                         graphs, host_only_ops, kernel_dtypes, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -127,6 +127,8 @@ class _OpInfo:
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
         self.gpu_check = functools.partial(blas_dtypes.check, blas_name) if blas_name else (
             host_only_ops.refusal(func) or _both(quantized.refusal(func), kernel_dtypes.refusal(func)))
+        if func is _CONVOLUTION:  # cuDNN compares the tensors' types before anything else
+            self.gpu_check = _both(device_checks.check_convolution_types, self.gpu_check)
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
         # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
@@ -169,22 +171,28 @@ def _tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _common_device(func, tensors) -> tuple[int | None, bool]:
+def _common_device(func, tensors, args, kwargs) -> tuple[int | None, bool]:
     """The one device all tensor arguments share, by CUDA PyTorch's rules, else its error.
 
-    0-dim CPU tensors may join any device. PyTorch's own C++ (the autograd engine's zero gradients,
-    DDP's gradient buckets) makes plain CPU tensors that stand for memory on the op's GPU: those join
-    the GPU too, and the second result says so (see `host_scratch`).
+    0-dim CPU tensors may join a GPU in TensorIterator's kernels, not in those whose generated wrapper checks devices
+    (device_checks.py). PyTorch's own C++ (the autograd engine's zero gradients, DDP's gradient buckets) makes
+    plain CPU tensors that stand for memory on the op's GPU: those join the GPU too, and the second result says so
+    (see `host_scratch`).
     """
     if func is _BLOCK_DIAG:
         _check_block_diag_devices(tensors)
-    device, scratch = None, False
+    if func._op in _MASKED_FILLS:  # the C++ operator: its hash is C's
+        device_checks.check_masked_fill(args, _host_tensor_from_program)
+    elif func is _CONVOLUTION:
+        device_checks.check_convolution(args, _host_tensor_from_program)
+    device, scratch, host_scalars = None, False, 0
     for arg in tensors:
         if isinstance(arg, EmulatedTensor):
             index = arg._device_index
         elif not (arg.dim() == 0 and arg.device.type in ("cpu", "meta")):  # meta: a scalar C++ wrapped, shape-only
             index = CPU
         else:
+            host_scalars += 1
             continue
         if device is None or device == index:
             device = index
@@ -195,10 +203,26 @@ def _common_device(func, tensors) -> tuple[int | None, bool]:
         elif func is torch.ops.aten.copy_.default:
             continue
         else:
-            raise device_mismatch(device, index)
+            device_checks.check(func, args, kwargs)
+            # TensorIterator's words: the first device not the CPU's, then the one that differs from it
+            raise device_mismatch(max(device, index), CPU) if CPU in (device, index) else device_mismatch(device, index)
+    if host_scalars and device not in (None, CPU) and device_checks.checks_devices(func) \
+            and _host_tensor_from_program():
+        device_checks.check(func, args, kwargs)
+    if host_scalars > 1 and device not in (None, CPU) and func._overloadpacket in _TERNARY_POINTWISE \
+            and _host_tensor_from_program():
+        raise RuntimeError("Trying to pass too many CPU scalars to non-CPU kernel!")  # TensorIterator takes one
     return device, scratch
 
 
+# Ops with three tensor inputs that TensorIterator runs with `allow_cpu_scalars` (PointwiseOps.cpp, Lerp.cpp)
+_TERNARY_POINTWISE = {torch.ops.aten.addcmul, torch.ops.aten.addcmul_, torch.ops.aten.addcdiv, torch.ops.aten.addcdiv_,
+                      torch.ops.aten.lerp, torch.ops.aten.lerp_}
+
+
+_MASKED_FILLS = {op._op for op in (torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor,
+                                    torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)}
+_CONVOLUTION = torch.ops.aten.convolution.default
 _BLOCK_DIAG = torch.ops.aten.block_diag.default
 _FILL_TENSOR = torch.ops.aten.fill_.Tensor
 
@@ -244,24 +268,38 @@ def _from_torch_internals() -> bool:
     composite op's C++ makes for itself (`one_hot`'s zeros, SDPA's causal mask) when the call was given no
     CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath.
     """
+    call = _python_call()
+    return call is None or not _host_tensor_among(call.get("args"), call.get("kwargs"))
+
+
+def _host_tensor_from_program() -> bool:
+    """Whether the program's own torch call handed the op a host tensor, a 0-dim one included (`x.clamp(max=t)`),
+    rather than C++ making it on the CPU device the emulated tensors have underneath."""
+    call = _python_call()
+    return call is not None and _host_tensor_among(call.get("args"), call.get("kwargs"), scalars=True)
+
+
+def _python_call() -> dict | None:
+    """The arguments of the Python torch call (through `EmulatorMode` or `handle_torch_function`) the op being
+    dispatched came from, or None for PyTorch's own bookkeeping (the autograd engine, `backward()`, DDP's C++)."""
     if torch._C._current_autograd_node() is not None or graphs.replaying():  # replay: as issued at capture
-        return True
+        return None
     routing, mode = handle_torch_function.__code__, EmulatorMode.__torch_function__.__code__
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code is routing or frame.f_code is mode:
             call = frame.f_locals
-            return (call.get("func") in ENGINE_ENTRY_POINTS
-                    or not _host_tensor_among(call.get("args"), call.get("kwargs")))
+            return None if call.get("func") in ENGINE_ENTRY_POINTS else call
         frame = frame.f_back
-    return True
+    return None
 
 
-def _host_tensor_among(args, kwargs) -> bool:
-    """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device)."""
+def _host_tensor_among(args, kwargs, scalars=False) -> bool:
+    """Whether a Python torch call was handed a CPU tensor with dimensions (or any, with `scalars`)."""
     leaves = [functorch_layers.unwrapped(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
               if isinstance(t, torch.Tensor)]
-    return any(t.dim() > 0 and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
+    return any((scalars or t.dim() > 0)
+               and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
                for t in leaves)
 
 
@@ -385,7 +423,7 @@ def run_kernel(emu, func, args, kwargs):
                 return foreach_devices.run(func, args, kwargs)
             if func is _FILL_TENSOR and isinstance(args[1], EmulatedTensor) and args[1].dim() == 0:
                 return args[0].fill_(read_scalar(args[1]))  # ATen's fill_ reads a value on another device with item()
-            device, scratch = _common_device(func, tensors)
+            device, scratch = _common_device(func, tensors, args, kwargs)
             if func in _PUT_OPS and device != CPU:
                 _check_put_values(args, kwargs, device)
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
