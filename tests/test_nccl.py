@@ -477,3 +477,27 @@ def test_host_tensors_need_a_cpu_backend_in_the_group(backend):
                        for name in ("all_reduce", "broadcast", "all_gather"))
         else:
             assert result["all_reduce"] == [3.0, 3.0] and result["broadcast"] == [1.0, 1.0]
+
+
+def _split_rank(rank, world_size, store):
+    """split_group refuses without a device bound to the default group, as torch does; with device_id it splits."""
+    with pytest.raises(RuntimeError, match="No device associated with the default pg"):
+        dist.split_group(split_ranks=[[0, 1]])
+    dist.destroy_process_group()
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, store=dist.PrefixStore("again", store),
+                            device_id=torch.device("cuda", rank))
+    both, alone = dist.split_group(split_ranks=[[0, 1]]), dist.split_group(split_ranks=[[1]])
+    x = torch.arange(3.0, device=f"cuda:{rank}") * (rank + 1)
+    dist.all_reduce(x, group=both)
+    if alone is not None:
+        dist.all_reduce(x, group=alone)
+    return dist.get_process_group_ranks(both), alone is None, x.cpu()
+
+
+def test_split_group_with_a_bound_device_gives_the_listed_groups():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_split_rank, 2, dist.HashStore(), backend="nccl", timeout_s=20)
+    want = torch.arange(3.0) * 1 + torch.arange(3.0) * 2
+    assert [(ranks, none) for ranks, none, _ in results] == [([0, 1], True), ([0, 1], False)]
+    for *_, got in results:
+        torch.testing.assert_close(got, want)
