@@ -121,6 +121,42 @@ def test_ddp_of_a_model_on_two_gpus_per_rank_matches_one_process():
             torch.testing.assert_close(got, want)
 
 
+_JOIN_BATCHES = [[slice(0, 3)], [slice(3, 6), slice(6, 8)]]  # rank 0 runs out of data one step before rank 1
+
+
+def _ddp_join_rank(rank, world_size):
+    """DDP under Join with uneven inputs, each step's gradient divided by the ranks still training."""
+    from torch.distributed.algorithms.join import Join
+    torch.cuda.set_device(rank)
+    model = _model().to(f"cuda:{rank}")
+    ddp = DDP(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with Join([ddp], divide_by_initial_world_size=False):
+        for rows in _JOIN_BATCHES[rank]:
+            x, y = (t[rows].to(f"cuda:{rank}") for t in _data(world_size))
+            opt.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            opt.step()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def test_ddp_under_join_divides_by_the_ranks_still_training():
+    """The reducer waits, in backward, on the work of Join's forward all-reduce: it must not hang, and the second
+    step (rank 1 alone) must take rank 1's gradient undivided."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_ddp_join_rank, 2, backend="nccl", timeout_s=20)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _data(2)
+    for step in ([_JOIN_BATCHES[0][0], _JOIN_BATCHES[1][0]], [_JOIN_BATCHES[1][1]]):
+        opt.zero_grad()
+        sum(F.mse_loss(model(x[rows]), y[rows]) for rows in step).div(len(step)).backward()
+        opt.step()
+    for params in results:
+        for got, want in zip(params, model.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach())
+
+
 def test_ddp_timeline_is_identical_run_to_run():
     def trace():
         with course.emulate(gpus=2) as emu:
@@ -441,3 +477,27 @@ def test_host_tensors_need_a_cpu_backend_in_the_group(backend):
                        for name in ("all_reduce", "broadcast", "all_gather"))
         else:
             assert result["all_reduce"] == [3.0, 3.0] and result["broadcast"] == [1.0, 1.0]
+
+
+def _split_rank(rank, world_size, store):
+    """split_group refuses without a device bound to the default group, as torch does; with device_id it splits."""
+    with pytest.raises(RuntimeError, match="No device associated with the default pg"):
+        dist.split_group(split_ranks=[[0, 1]])
+    dist.destroy_process_group()
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, store=dist.PrefixStore("again", store),
+                            device_id=torch.device("cuda", rank))
+    both, alone = dist.split_group(split_ranks=[[0, 1]]), dist.split_group(split_ranks=[[1]])
+    x = torch.arange(3.0, device=f"cuda:{rank}") * (rank + 1)
+    dist.all_reduce(x, group=both)
+    if alone is not None:
+        dist.all_reduce(x, group=alone)
+    return dist.get_process_group_ranks(both), alone is None, x.cpu()
+
+
+def test_split_group_with_a_bound_device_gives_the_listed_groups():
+    with course.emulate(gpus=2):
+        results = course.run_threads(_split_rank, 2, dist.HashStore(), backend="nccl", timeout_s=20)
+    want = torch.arange(3.0) * 1 + torch.arange(3.0) * 2
+    assert [(ranks, none) for ranks, none, _ in results] == [([0, 1], True), ([0, 1], False)]
+    for *_, got in results:
+        torch.testing.assert_close(got, want)

@@ -23,8 +23,9 @@ import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
                          cuda_libraries, devices, environment, fsdp1, fsdp2, functorch_layers, graphs, interception,
-                         kernels, legacy_types, materialized_grads, module_calls, nccl, nested_fastpath, profiling,
-                         rank_rng, replica_rng, rpc, storages, subclasses, threaded_pg, wall_clock)
+                         join_work, kernels, legacy_types, materialized_grads, module_calls, nccl, nested_fastpath,
+                         profiling, rank_rng, replica_rng, rpc, split_group, storages, subclasses, threaded_pg,
+                         wall_clock)
 from course.cuda.interception import EmulatorMode
 from course.cuda.nvtx import PROFILER_PATCHES, EmitNVTX, EmulatedNVTX
 from course.machine import costs, hardware, plots, topology
@@ -152,6 +153,8 @@ class Emulator:
         self._patch(torch.distributed.distributed_c10d, nccl.C10D_PATCHES)
         self._patch(torch.distributed, nccl.DIST_PATCHES)
         self._patch(torch.nn.parallel.DistributedDataParallel, nccl.DDP_PATCHES)
+        for target, replacements in join_work.PATCHES + split_group.PATCHES:  # Join's work handle; split_group
+            self._patch(target, replacements)
         # nn.parallel caches one Stream per device across calls; a fresh emulator needs fresh ones.
         self._patch(torch.nn.parallel._functions, {"_streams": None})
         self._patch(torch.nn.parallel._functions.Scatter, collectives.SCATTER_PATCHES)
