@@ -1553,6 +1553,25 @@ def test_sparse_invariant_checks_read_gpu_indices(emu):
             torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sparse_sums_on_a_gpu_concatenate_as_cuda_does(emu, dtype):
+    """CUDA's sparse + sparse appends the second tensor's entries to the first's, uncoalesced (no nnz read back), and
+    so takes half precision, which the CPU's merging kernel refuses; the values are still the sum."""
+    emu.stop()
+    a = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]]).to_sparse()
+    b = torch.tensor([[4.0, 0.0, 0.0], [5.0, 0.0, 0.0]]).to_sparse()
+    dense = (a.to_dense() - 2 * b.to_dense()).to(dtype)
+    emu.start()
+    ga, gb = a.to("cuda:1", dtype), b.to("cuda:1", dtype)
+    for diff in (ga - 2 * gb, torch.sub(ga, gb, alpha=2), ga.clone().sub_(gb, alpha=2)):
+        assert diff.device == torch.device("cuda", 1) and diff.dtype == dtype and not diff.is_coalesced()
+        assert diff._nnz() == a._nnz() + b._nnz()
+        torch.testing.assert_close(diff._indices().cpu(), torch.cat([a._indices(), b._indices()], 1))
+        torch.testing.assert_close(diff.to_dense().cpu(), dense)
+    crowded = ga + ga + ga  # more entries than elements: coalesced, as CUDA's kernel then does
+    assert crowded.is_coalesced() and crowded._nnz() == a._nnz()
+
+
 def test_take_along_dim_checks_devices_with_its_own_words(emu):
     t, i = torch.tensor([[3.0, 1.0, 2.0]], device="cuda:1"), torch.tensor([[1, 2, 0]])
     torch.testing.assert_close(torch.take_along_dim(t, i.to("cuda:1"), dim=1).cpu(), torch.tensor([[1.0, 2.0, 3.0]]))
