@@ -1572,6 +1572,25 @@ def test_sparse_sums_on_a_gpu_concatenate_as_cuda_does(emu, dtype):
     assert crowded.is_coalesced() and crowded._nnz() == a._nnz()
 
 
+def test_out_tensors_on_another_device_are_refused_in_atens_words(emu):
+    """A GPU op never writes a host `out=` tensor, not even a 0-dim one (which it takes as an input): structured
+    TensorIterator ops refuse it in their generated resize_out's words (CPU torch says them for a meta out), the
+    others in the common device check's, mode in its own."""
+    emu.stop()
+    with pytest.raises(RuntimeError) as host:
+        torch.max(torch.randn(3), 0, out=(torch.empty(0, device="meta"), torch.empty(0, dtype=torch.long)))
+    emu.start()
+    x = torch.randn(3, device="cuda:1")
+    with pytest.raises(RuntimeError) as gpu:
+        torch.max(x, 0, out=(torch.empty(0), torch.empty(0, dtype=torch.long, device="cuda:1")))
+    assert str(gpu.value) == str(host.value).replace("cpu", "cuda:1").replace("meta", "cpu")
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
+        torch.amax(x, 0, out=torch.empty(()))
+    with pytest.raises(RuntimeError, match=r"^expected device 'cpu' but got 'cuda:1' for values output$"):
+        torch.mode(torch.ones(2), out=(torch.empty(0, device="cuda:1"), torch.empty(0, dtype=torch.long)))
+    torch.testing.assert_close(torch.add(x, torch.tensor(2.0), out=torch.empty(3, device="cuda:1")).cpu(), x.cpu() + 2)
+
+
 def test_take_along_dim_checks_devices_with_its_own_words(emu):
     t, i = torch.tensor([[3.0, 1.0, 2.0]], device="cuda:1"), torch.tensor([[1, 2, 0]])
     torch.testing.assert_close(torch.take_along_dim(t, i.to("cuda:1"), dim=1).cpu(), torch.tensor([[1.0, 2.0, 3.0]]))

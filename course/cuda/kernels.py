@@ -16,7 +16,7 @@ import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, foreach_devices, functorch_layers, graphs,
-                         host_only_ops, kernel_dtypes, quantized, sync_debug)
+                         host_only_ops, kernel_dtypes, out_devices, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -377,6 +377,7 @@ def run_kernel(emu, func, args, kwargs):
                 return foreach_devices.run(func, args, kwargs)
             if func is _FILL_TENSOR and isinstance(args[1], EmulatedTensor) and args[1].dim() == 0:
                 return args[0].fill_(read_scalar(args[1]))  # ATen's fill_ reads a value on another device with item()
+            out_devices.check(func, args, kwargs)
             device, scratch = _common_device(func, tensors)
             if func in _PUT_OPS and device != CPU:
                 _check_put_values(args, kwargs, device)
