@@ -227,14 +227,15 @@ def _check_put_values(args, kwargs, device: int) -> None:
     raise device_mismatch(device, CPU)
 
 
-def _from_torch_internals() -> bool:
+def _from_torch_internals(host_scalars_count: bool = False) -> bool:
     """Whether the op being dispatched was issued by PyTorch's C++ rather than by a Python call.
 
     A learner's `gpu_tensor + cpu_tensor` passes through `EmulatorMode` (or `handle_torch_function`) and must fail
     as on a GPU; the same mix issued by the autograd engine or DDP's reducer (inside `backward()`, or from C++
     with no Python torch call in between) is PyTorch's own bookkeeping and must work. So must the tensors a
     composite op's C++ makes for itself (`one_hot`'s zeros, SDPA's causal mask) when the call was given no
-    CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath.
+    CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath. A 0-dim CPU tensor the call
+    was given counts as one where it is written (`out=`), not only read, hence `host_scalars_count`.
     """
     if torch._C._current_autograd_node() is not None or graphs.replaying():  # replay: as issued at capture
         return True
@@ -244,16 +245,17 @@ def _from_torch_internals() -> bool:
         if frame.f_code is routing or frame.f_code is mode:
             call = frame.f_locals
             return (call.get("func") in ENGINE_ENTRY_POINTS
-                    or not _host_tensor_among(call.get("args"), call.get("kwargs")))
+                    or not _host_tensor_among(call.get("args"), call.get("kwargs"), host_scalars_count))
         frame = frame.f_back
     return True
 
 
-def _host_tensor_among(args, kwargs) -> bool:
-    """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device)."""
+def _host_tensor_among(args, kwargs, scalars: bool = False) -> bool:
+    """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device), or any
+    CPU tensor with `scalars`."""
     leaves = [functorch_layers.unwrapped(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
               if isinstance(t, torch.Tensor)]
-    return any(t.dim() > 0 and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
+    return any((scalars or t.dim() > 0) and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
                for t in leaves)
 
 
@@ -377,7 +379,9 @@ def run_kernel(emu, func, args, kwargs):
                 return foreach_devices.run(func, args, kwargs)
             if func is _FILL_TENSOR and isinstance(args[1], EmulatedTensor) and args[1].dim() == 0:
                 return args[0].fill_(read_scalar(args[1]))  # ATen's fill_ reads a value on another device with item()
-            out_devices.check(func, args, kwargs)
+            refusal = out_devices.refusal(func, args, kwargs)
+            if refusal is not None and not _from_torch_internals(True):  # DDP's reducer writes host stand-ins
+                raise refusal
             device, scratch = _common_device(func, tensors)
             if func in _PUT_OPS and device != CPU:
                 _check_put_values(args, kwargs, device)

@@ -1,6 +1,7 @@
 """An `out=` tensor on another device than the op's inputs, refused in ATen's words for that op.
 
-A GPU op never writes a host tensor given as `out=`, not even a 0-dim one (which may join a GPU op as an input).
+A GPU op a program calls never writes a host tensor given as `out=`, not even a 0-dim one (which may join a GPU op
+as an input); the host stand-ins PyTorch's own C++ writes (DDP's reducer) still pass, as in `kernels._common_device`.
 Most ops' CUDA wrappers check that every tensor argument shares one device (the emulator's `device_mismatch`). The
 structured ops whose native_functions.yaml entry says `device_check: NoCheck` (TensorIterator's: sum, add, sin,
 max.dim, ...) skip that check, and their generated `resize_out` then refuses the out tensor: "Expected out tensor to
@@ -37,24 +38,25 @@ def _index(t: torch.Tensor) -> int:
     return t._device_index if isinstance(t, EmulatedTensor) else CPU
 
 
-def check(func, args, kwargs) -> None:
-    """Raise ATen's error if an out tensor is not on the device of the op's first input that is not a host scalar."""
+def refusal(func, args, kwargs) -> RuntimeError | None:
+    """ATen's error if an out tensor is not on the device of the op's first input that is not a host scalar."""
     names = _out_names(func)
     if not names:
-        return
+        return None
     inputs = [a for a in list(args) + [v for k, v in kwargs.items() if k not in names] if isinstance(a, torch.Tensor)]
     placed = [t for t in inputs if isinstance(t, EmulatedTensor) or t.dim() > 0]
     if not placed:
-        return
+        return None
     device = _index(placed[0])
     for name in names:
         out = kwargs.get(name)
         if not isinstance(out, torch.Tensor) or _index(out) == device:
             continue
         if func.name() == _MODE_VALUES:
-            raise RuntimeError(f"expected device '{device_name(device)}' but got '{device_name(_index(out))}' for "
-                               f"{name} output")
+            return RuntimeError(f"expected device '{device_name(device)}' but got '{device_name(_index(out))}' for "
+                                f"{name} output")
         if func.name() in _resize_out_checked():
-            raise RuntimeError(f"Expected out tensor to have device {device_name(device)}, but got "
-                               f"{device_name(_index(out))} instead")
-        raise device_mismatch(device, _index(out))
+            return RuntimeError(f"Expected out tensor to have device {device_name(device)}, but got "
+                                f"{device_name(_index(out))} instead")
+        return device_mismatch(device, _index(out))
+    return None
