@@ -1572,10 +1572,10 @@ def test_sparse_sums_on_a_gpu_concatenate_as_cuda_does(emu, dtype):
     assert crowded.is_coalesced() and crowded._nnz() == a._nnz()
 
 
-def test_out_tensors_on_another_device_are_refused_in_atens_words(emu):
-    """A GPU op never writes a host `out=` tensor, not even a 0-dim one (which it takes as an input): structured
-    TensorIterator ops refuse it in their generated resize_out's words (CPU torch says them for a meta out), the
-    others in the common device check's, mode in its own."""
+def test_tensors_a_gpu_op_writes_on_another_device_are_refused_in_atens_words(emu):
+    """A GPU op never writes a host tensor, `out=` or an in-place op's self, not even a 0-dim one (which it takes as
+    an input): structured reductions refuse it in their generated resize_out's words (CPU torch says them for a meta
+    out), TensorIterator ops in theirs, the others in the common device check's, mode in its own."""
     emu.stop()
     with pytest.raises(RuntimeError) as host:
         torch.max(torch.randn(3), 0, out=(torch.empty(0, device="meta"), torch.empty(0, dtype=torch.long)))
@@ -1586,6 +1586,10 @@ def test_out_tensors_on_another_device_are_refused_in_atens_words(emu):
     assert str(gpu.value) == str(host.value).replace("cpu", "cuda:1").replace("meta", "cpu")
     with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
         torch.amax(x, 0, out=torch.empty(()))
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
+        torch.tensor(2.0).add_(torch.tensor(2.0, device="cuda:1"))  # a host scalar is read by a GPU op, not written
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
+        torch.ones(3) + x  # TensorIterator names the GPU first, whatever the order
     with pytest.raises(RuntimeError, match=r"^expected device 'cpu' but got 'cuda:1' for values output$"):
         torch.mode(torch.ones(2), out=(torch.empty(0, device="cuda:1"), torch.empty(0, dtype=torch.long)))
     torch.testing.assert_close(torch.add(x, torch.tensor(2.0), out=torch.empty(3, device="cuda:1")).cpu(), x.cpu() + 2)

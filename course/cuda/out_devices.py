@@ -1,11 +1,14 @@
-"""An `out=` tensor on another device than the op's inputs, refused in ATen's words for that op.
+"""Tensors on two devices where a GPU op writes one of them: refused in ATen's words for that op.
 
-A GPU op a program calls never writes a host tensor given as `out=`, not even a 0-dim one (which may join a GPU op
-as an input); the host stand-ins PyTorch's own C++ writes (DDP's reducer) still pass, as in `kernels._common_device`.
-Most ops' CUDA wrappers check that every tensor argument shares one device (the emulator's `device_mismatch`). The
-structured ops whose native_functions.yaml entry says `device_check: NoCheck` (TensorIterator's: sum, add, sin,
-max.dim, ...) skip that check, and their generated `resize_out` then refuses the out tensor: "Expected out tensor to
-have device cuda:0, but got cpu instead". `mode.values` runs its own check (mode_out, TensorCompare.cpp).
+A 0-dim host tensor may join a GPU op as an input, never as what it writes: neither `out=` nor the self of an
+in-place op (`host_scalar += gpu_scalar`). The ops whose native_functions.yaml entry inherits TensorIteratorBase
+(add, mul, pow, sin, clamp, ... and their in-place and functional forms, which delegate to them) check every operand
+in TensorIterator's compute_types, which names the first GPU operand's device first: "Expected all tensors to be on
+the same device, but found at least two devices, cuda:0 and cpu!". The other structured ops that skip the generated
+device check (`device_check: NoCheck`: sum, mean, max.dim, ...) refuse an out tensor in their generated resize_out:
+"Expected out tensor to have device cuda:0, but got cpu instead"; `mode.values` checks in its own words (mode_out,
+TensorCompare.cpp), and the rest in the generated check's, argument by argument (the emulator's `device_mismatch`).
+The host stand-ins PyTorch's own C++ writes (DDP's reducer) still pass, as in `kernels._common_device`.
 """
 from __future__ import annotations
 
@@ -22,40 +25,73 @@ _MODE_VALUES = "aten::mode.values"
 
 
 @functools.cache
-def _resize_out_checked() -> frozenset[str]:
-    """`aten::name.overload` of the structured ops whose device check is their generated resize_out."""
-    entries = _NATIVE_FUNCTIONS.read_text().split("\n- func:")
-    return frozenset("aten::" + entry.split("(")[0].strip() for entry in entries
-                     if "\n  structured: True" in entry and "\n  device_check: NoCheck" in entry)
+def _checked_ops() -> tuple[frozenset[str], frozenset[str]]:
+    """`aten::name.overload` of the TensorIterator ops, and of the other structured ops whose device check is their
+    generated resize_out."""
+    entries = {}
+    for entry in _NATIVE_FUNCTIONS.read_text().split("\n- func:")[1:]:
+        fields = dict(line.strip().split(":", 1) for line in entry.splitlines()[1:]
+                      if line.startswith("  ") and not line.startswith("   ") and ":" in line)
+        entries[entry.split("(")[0].strip()] = {k: v.split("#")[0].strip() for k, v in fields.items()}
+    iterators = {name for name, f in entries.items() if f.get("structured_inherits") == "TensorIteratorBase"}
+    iterators |= {name for name, f in entries.items() if f.get("structured_delegate") in iterators}
+    resized = {name for name, f in entries.items()
+               if f.get("structured") == "True" and f.get("device_check") == "NoCheck" and name not in iterators}
+    return (frozenset("aten::" + n for n in iterators), frozenset("aten::" + n for n in resized))
 
 
 @functools.cache
-def _out_names(func) -> tuple[str, ...]:
-    return tuple(a.name for a in func._schema.arguments if a.is_out)
+def _written(func) -> tuple[tuple[str, ...], bool]:
+    """The op's out arguments, and whether it writes its first argument (an in-place op)."""
+    arguments = func._schema.arguments
+    first = arguments[0].alias_info if arguments else None
+    return tuple(a.name for a in arguments if a.is_out), bool(first is not None and first.is_write)
 
 
 def _index(t: torch.Tensor) -> int:
     return t._device_index if isinstance(t, EmulatedTensor) else CPU
 
 
+def _iterator_refusal(outputs, inputs) -> RuntimeError | None:
+    """TensorIterator's compute_types: the common device is the first GPU operand's, outputs first; a 0-dim host
+    input may join it, nothing else."""
+    common = next((_index(t) for t in outputs + inputs if _index(t) != CPU), CPU)
+    for position, t in enumerate(outputs + inputs):
+        if _index(t) != common and not (position >= len(outputs) and t.dim() == 0 and _index(t) == CPU):
+            return RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                                f"{device_name(common)} and {device_name(_index(t))}!")
+    return None
+
+
 def refusal(func, args, kwargs) -> RuntimeError | None:
-    """ATen's error if an out tensor is not on the device of the op's first input that is not a host scalar."""
-    names = _out_names(func)
-    if not names:
+    """ATen's error for the op's mix of devices where it writes a tensor, or where it is a TensorIterator op (whose
+    error names the GPU first); None where `kernels._common_device`'s rules apply."""
+    names, inplace = _written(func)
+    iterators, resized = _checked_ops()
+    name = func.name()
+    if name in iterators:  # an in-place op's self is written too (copy_, index_put_ and the like are not these)
+        inplace = inplace and isinstance(args[0], torch.Tensor)
+    elif names:
+        inplace = False
+    else:
         return None
-    inputs = [a for a in list(args) + [v for k, v in kwargs.items() if k not in names] if isinstance(a, torch.Tensor)]
+    outputs = [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor)] + list(args[:int(inplace)])
+    inputs = [a for a in list(args[int(inplace):]) + [v for k, v in kwargs.items() if k not in names]
+              if isinstance(a, torch.Tensor)]
+    if name in iterators:
+        return _iterator_refusal(outputs, inputs)
     placed = [t for t in inputs if isinstance(t, EmulatedTensor) or t.dim() > 0]
     if not placed:
         return None
     device = _index(placed[0])
-    for name in names:
-        out = kwargs.get(name)
-        if not isinstance(out, torch.Tensor) or _index(out) == device:
+    for out in outputs:
+        if _index(out) == device:
             continue
-        if func.name() == _MODE_VALUES:
+        if name == _MODE_VALUES:
+            which = next(n for n in names if kwargs.get(n) is out)
             return RuntimeError(f"expected device '{device_name(device)}' but got '{device_name(_index(out))}' for "
-                                f"{name} output")
-        if func.name() in _resize_out_checked():
+                                f"{which} output")
+        if name in resized:
             return RuntimeError(f"Expected out tensor to have device {device_name(device)}, but got "
                                 f"{device_name(_index(out))} instead")
         return device_mismatch(device, _index(out))
