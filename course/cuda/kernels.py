@@ -255,7 +255,8 @@ def _host_tensor_among(args, kwargs, scalars: bool = False) -> bool:
     CPU tensor with `scalars`."""
     leaves = [functorch_layers.unwrapped(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
               if isinstance(t, torch.Tensor)]
-    return any((scalars or t.dim() > 0) and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
+    return any((scalars or t.dim() > 0)
+               and (t._device_index == CPU if isinstance(t, EmulatedTensor) else t.device.type == "cpu")
                for t in leaves)
 
 
