@@ -1058,3 +1058,23 @@ def test_library_choices_and_the_cufft_plan_cache_answer_as_a_cuda_build():
     with pytest.raises(RuntimeError, match="without ATen_cuda library"):
         torch.backends.cuda.cuFFTPlanCache(0).max_size
     torch.backends.cuda.preferred_linalg_library("default")
+
+
+def test_polling_a_query_sees_the_gpu_finish(emu):
+    """`while not event.query()` ends as on a GPU: each query costs the host a runtime call, so the simulated host
+    reaches the kernel's end; elapsed_time, which queries inside PyTorch, charges nothing."""
+    a = torch.randn(512, 512)
+    x = a.to("cuda:1")
+    y = x @ x
+    start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(torch.cuda.current_stream(1))
+    z = y @ y
+    done.record(torch.cuda.current_stream(1))
+    polls = 0
+    while not done.query():
+        polls += 1
+    assert 0 < polls < 10_000 and emu.clock.host_ns >= done.time_ns
+    assert torch.cuda.current_stream(1).query()
+    host = emu.clock.host_ns
+    assert start.elapsed_time(done) > 0 and emu.clock.host_ns == host
+    torch.testing.assert_close(z.cpu(), (a @ a) @ (a @ a))

@@ -1637,6 +1637,48 @@ def test_sparse_invariant_checks_read_gpu_indices(emu):
             torch.sparse_coo_tensor(torch.tensor([[0, 3]]), values, (3,), device="cuda:1")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sparse_sums_on_a_gpu_concatenate_as_cuda_does(emu, dtype):
+    """CUDA's sparse + sparse appends the second tensor's entries to the first's, uncoalesced (no nnz read back), and
+    so takes half precision, which the CPU's merging kernel refuses; the values are still the sum."""
+    emu.stop()
+    a = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]]).to_sparse()
+    b = torch.tensor([[4.0, 0.0, 0.0], [5.0, 0.0, 0.0]]).to_sparse()
+    dense = (a.to_dense() - 2 * b.to_dense()).to(dtype)
+    emu.start()
+    ga, gb = a.to("cuda:1", dtype), b.to("cuda:1", dtype)
+    for diff in (ga - 2 * gb, torch.sub(ga, gb, alpha=2), ga.clone().sub_(gb, alpha=2)):
+        assert diff.device == torch.device("cuda", 1) and diff.dtype == dtype and not diff.is_coalesced()
+        assert diff._nnz() == a._nnz() + b._nnz()
+        torch.testing.assert_close(diff._indices().cpu(), torch.cat([a._indices(), b._indices()], 1))
+        torch.testing.assert_close(diff.to_dense().cpu(), dense)
+    crowded = ga + ga + ga  # more entries than elements: coalesced, as CUDA's kernel then does
+    assert crowded.is_coalesced() and crowded._nnz() == a._nnz()
+
+
+def test_tensors_a_gpu_op_writes_on_another_device_are_refused_in_atens_words(emu):
+    """A GPU op never writes a host tensor, `out=` or an in-place op's self, not even a 0-dim one (which it takes as
+    an input): structured reductions refuse it in their generated resize_out's words (CPU torch says them for a meta
+    out), TensorIterator ops in theirs, the others in the common device check's, mode in its own."""
+    emu.stop()
+    with pytest.raises(RuntimeError) as host:
+        torch.max(torch.randn(3), 0, out=(torch.empty(0, device="meta"), torch.empty(0, dtype=torch.long)))
+    emu.start()
+    x = torch.randn(3, device="cuda:1")
+    with pytest.raises(RuntimeError) as gpu:
+        torch.max(x, 0, out=(torch.empty(0), torch.empty(0, dtype=torch.long, device="cuda:1")))
+    assert str(gpu.value) == str(host.value).replace("cpu", "cuda:1").replace("meta", "cpu")
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
+        torch.amax(x, 0, out=torch.empty(()))
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
+        torch.tensor(2.0).add_(torch.tensor(2.0, device="cuda:1"))  # a host scalar is read by a GPU op, not written
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, .* cuda:1 and cpu!$"):
+        torch.ones(3) + x  # TensorIterator names the GPU first, whatever the order
+    with pytest.raises(RuntimeError, match=r"^expected device 'cpu' but got 'cuda:1' for values output$"):
+        torch.mode(torch.ones(2), out=(torch.empty(0, device="cuda:1"), torch.empty(0, dtype=torch.long)))
+    torch.testing.assert_close(torch.add(x, torch.tensor(2.0), out=torch.empty(3, device="cuda:1")).cpu(), x.cpu() + 2)
+
+
 def test_take_along_dim_checks_devices_with_its_own_words(emu):
     t, i = torch.tensor([[3.0, 1.0, 2.0]], device="cuda:1"), torch.tensor([[1, 2, 0]])
     torch.testing.assert_close(torch.take_along_dim(t, i.to("cuda:1"), dim=1).cpu(), torch.tensor([[1.0, 2.0, 3.0]]))

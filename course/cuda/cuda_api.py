@@ -20,12 +20,20 @@ from course.cuda import (cuda_bindings, device_properties, exporting, fake_cache
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
-from course.machine import topology
+from course.machine import costs, topology
 from course.machine.memory import DeviceMemory
 
 
 def _emu():
     return current_emulator("torch.cuda")
+
+
+def _queried(emu) -> int:
+    """The host time a stream or event query answers at: each query is a call into the CUDA runtime that launches
+    nothing, and costs the host as much as a view, so a program polling `while not event.query()` sees the GPU
+    finish, as on a real one (without the cost the simulated host never moved and the loop never ended)."""
+    emu.clock.host_advance(costs.HOST_VIEW_NS)
+    return emu.clock.host_ns
 
 
 def _index(device=None) -> int:
@@ -120,7 +128,7 @@ class Stream(torch._C.Stream):
         return event
 
     def query(self) -> bool:
-        return _emu().clock.host_ns >= self._ready_ns
+        return _queried(_emu()) >= self._ready_ns
 
     def is_capturing(self) -> bool:
         """Capture is per thread here (course/cuda/graphs.py), and a thread captures on its current stream."""
@@ -207,7 +215,7 @@ class Event:
         (stream or current_stream()).wait_event(self)
 
     def query(self) -> bool:
-        return self.time_ns is None or _emu().clock.host_ns >= self.time_ns
+        return self.time_ns is None or _queried(_emu()) >= self.time_ns
 
     def synchronize(self) -> None:
         if self.time_ns is not None:
@@ -221,7 +229,7 @@ class Event:
         if self.device != end_event.device:  # cudaEventElapsedTime times events of one device only
             raise RuntimeError(f"CUDA error: invalid resource handle\n(the events were recorded on {self.device} and "
                                f"{end_event.device}: elapsed_time compares events of the same GPU)")
-        if not end_event.query():
+        if _emu().clock.host_ns < end_event.time_ns:
             raise RuntimeError(
                 "CUDA error: device not ready\n(the end event has not happened yet: call "
                 "end_event.synchronize() or torch.cuda.synchronize() before elapsed_time)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from course.cuda import fused_attention_ops, half_accumulation, half_fft, unpivoted_lu
+from course.cuda import fused_attention_ops, half_accumulation, half_fft, sparse_add, unpivoted_lu
 from course.cuda.devices import current_emulator
 
 aten = torch.ops.aten
@@ -269,6 +269,7 @@ KERNELS = {
     **half_fft.KERNELS,
     **half_accumulation.KERNELS,
     **unpivoted_lu.KERNELS,
+    **sparse_add.KERNELS,
     **fused_attention_ops.KERNELS,
     aten.abs.default: abs_,
     aten.histc.default: histc,

@@ -5,68 +5,28 @@ TensorIterator's kernels (`add`, `mul`, `where`, ... marked `device_check: NoChe
 of its out= and positional tensor arguments, one by one, and refuses any difference, a 0-dim CPU tensor included
 (`c10::impl::check_and_update_common_device`, aten/src/ATen/core/op_registration/adaption.h; the wrapper is written by
 `gen_device_check` in torchgen/dest/register_dispatch_key.py): `x.clamp(max=shape[1] - 1)` with a CPU `shape` runs on a
-CPU but stops on a GPU. The yaml ships with torch, in torchgen's package; it is read once, the first time a tensor on
-the host meets a GPU tensor in such an op. Some kernels compare devices themselves first: masked_fill
+CPU but stops on a GPU (native_functions.py reads the yaml). Some kernels compare devices themselves first: masked_fill
 (aten/src/ATen/native/cuda/Indexing.cu) and convolution, which compares its tensors' types before it picks cuDNN or
 oneDNN (aten/src/ATen/native/Convolution.cpp).
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-
 import torch
 
+from course.cuda import native_functions
 from course.cuda.devices import CPU, EmulatedTensor, device_name
-
-
-@functools.cache
-def _native_functions() -> str:
-    """native_functions.yaml's text ("" where torchgen's copy is missing): each op's entry is searched in it when
-    first asked about, which costs less than parsing the 15,000 lines most programs never need."""
-    spec = importlib.util.find_spec("torchgen")
-    path = spec and spec.submodule_search_locations and os.path.join(
-        spec.submodule_search_locations[0], "packaged", "ATen", "native", "native_functions.yaml")
-    if not path or not os.path.exists(path):
-        return ""
-    with open(path) as yaml:
-        return yaml.read()
-
-
-def _entry(name: str) -> str:
-    text = _native_functions()
-    start = text.find(f"\n- func: {name}(")
-    if start < 0:
-        return ""
-    end = text.find("\n- func: ", start + 1)
-    return text[start:end] if end > 0 else text[start:]
 
 
 def _wrapper_kind(name: str) -> bool | None:
     """For an op ("clamp.Tensor") whose CUDA wrapper checks devices (not `device_check: NoCheck`, with a CUDA kernel
     of its own or through its structured delegate): whether that wrapper is a structured kernel's. Else None."""
-    entry = _entry(name)
-    if not entry or "\n  device_check: NoCheck" in entry:
+    entry = native_functions.fields(name)
+    if not entry or entry.get("device_check") == "NoCheck":
         return None
-    if _has_cuda_kernel(entry):
-        return "\n  structured: True" in entry
-    if "\n  structured_delegate: " in entry:
-        delegate = entry.split("\n  structured_delegate: ", 1)[1].split(None, 1)[0]
-        return True if _has_cuda_kernel(_entry(delegate)) else None
-    return None
-
-
-def _has_cuda_kernel(entry: str) -> bool:
-    """Whether an entry's `dispatch:` block (lines indented four spaces, "CPU, CUDA: kernel") names a CUDA kernel."""
-    if "\n  dispatch:" not in entry:
-        return False
-    for line in entry.split("\n  dispatch:", 1)[1].split("\n")[1:]:
-        if not line.startswith("    "):
-            return False
-        if "CUDA" in (key.strip() for key in line.split(":", 1)[0].split(",")):
-            return True
-    return False
+    if native_functions.has_cuda_kernel(name):
+        return entry.get("structured") == "True"
+    delegate = entry.get("structured_delegate")
+    return True if delegate and native_functions.has_cuda_kernel(delegate) else None
 
 
 # Ops whose kernel on a GPU is a composite one (CompositeExplicitAutograd) that calls a checked op on the same tensors:
@@ -83,16 +43,8 @@ def checks_devices(func) -> bool:
     """Whether `func`'s CUDA kernel sits behind a generated wrapper that compares its arguments' devices."""
     answer = _checks.get(func._op)
     if answer is None:
-        answer = _checks[func._op] = func in _COMPOSITES or _wrapper_kind(_op_name(func)) is not None
+        answer = _checks[func._op] = func in _COMPOSITES or _wrapper_kind(native_functions.op_name(func)) is not None
     return answer
-
-
-def _op_name(func) -> str:
-    name = func._schema.name
-    if not name.startswith("aten::"):
-        return ""
-    overload = func._overloadname
-    return name[6:] if overload == "default" else f"{name[6:]}.{overload}"
 
 
 def _wrapper_name(func) -> str:
@@ -100,7 +52,7 @@ def _wrapper_name(func) -> str:
     overload first (`wrapper_CUDA_clamp_Tensor`, `wrapper_CUDA__index_select`)."""
     base = func._schema.name[6:] + ("_out" if any(a.is_out for a in func._schema.arguments) else "")
     overload = "" if func._overloadname == "default" else func._overloadname
-    if _wrapper_kind(_op_name(func)):
+    if _wrapper_kind(native_functions.op_name(func)):
         return f"wrapper_CUDA_{base}_{overload}" if overload else f"wrapper_CUDA_{base}"
     return f"wrapper_CUDA_{overload}_{base}"
 

@@ -16,7 +16,7 @@ import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_checks, foreach_devices, functorch_layers,
-                         graphs, host_only_ops, kernel_dtypes, quantized, sync_debug)
+                         graphs, host_only_ops, kernel_dtypes, out_devices, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -259,17 +259,18 @@ def _check_put_values(args, kwargs, device: int) -> None:
     raise device_mismatch(device, CPU)
 
 
-def _from_torch_internals() -> bool:
+def _from_torch_internals(host_scalars_count: bool = False) -> bool:
     """Whether the op being dispatched was issued by PyTorch's C++ rather than by a Python call.
 
     A learner's `gpu_tensor + cpu_tensor` passes through `EmulatorMode` (or `handle_torch_function`) and must fail
     as on a GPU; the same mix issued by the autograd engine or DDP's reducer (inside `backward()`, or from C++
     with no Python torch call in between) is PyTorch's own bookkeeping and must work. So must the tensors a
     composite op's C++ makes for itself (`one_hot`'s zeros, SDPA's causal mask) when the call was given no
-    CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath.
+    CPU tensor: C++ makes them with the CPU device the emulated tensors have underneath. A 0-dim CPU tensor the call
+    was given counts as one where it is written (`out=`), not only read, hence `host_scalars_count`.
     """
     call = _python_call()
-    return call is None or not _host_tensor_among(call.get("args"), call.get("kwargs"))
+    return call is None or not _host_tensor_among(call.get("args"), call.get("kwargs"), host_scalars_count)
 
 
 def _host_tensor_from_program() -> bool:
@@ -294,8 +295,9 @@ def _python_call() -> dict | None:
     return None
 
 
-def _host_tensor_among(args, kwargs, scalars=False) -> bool:
-    """Whether a Python torch call was handed a CPU tensor with dimensions (or any, with `scalars`)."""
+def _host_tensor_among(args, kwargs, scalars: bool = False) -> bool:
+    """Whether a Python torch call was handed a CPU tensor with dimensions (0-dim ones may join any device), or any
+    CPU tensor with `scalars`."""
     leaves = [functorch_layers.unwrapped(t) for t in torch.utils._pytree.tree_leaves((args, kwargs))
               if isinstance(t, torch.Tensor)]
     return any((scalars or t.dim() > 0)
@@ -423,6 +425,9 @@ def run_kernel(emu, func, args, kwargs):
                 return foreach_devices.run(func, args, kwargs)
             if func is _FILL_TENSOR and isinstance(args[1], EmulatedTensor) and args[1].dim() == 0:
                 return args[0].fill_(read_scalar(args[1]))  # ATen's fill_ reads a value on another device with item()
+            refusal = out_devices.refusal(func, args, kwargs)
+            if refusal is not None and not _from_torch_internals(True):  # DDP's reducer writes host stand-ins
+                raise refusal
             device, scratch = _common_device(func, tensors, args, kwargs)
             if func in _PUT_OPS and device != CPU:
                 _check_put_values(args, kwargs, device)

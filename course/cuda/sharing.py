@@ -6,11 +6,14 @@ one set of parameters. An emulated tensor's values are its inner CPU tensor, so 
 and sent instead; the receiving process, emulating too, wraps it on the same GPU. (`share_memory_()` and
 `is_shared()` answer as for CUDA tensors through their storage, course/cuda/storages.py.)
 A forked child may not use CUDA once its parent has (`torch.cuda._lazy_init`'s "Cannot re-initialize CUDA in
-forked subprocess"): here it would compute on private copies the parent never sees, so it gets that error.
+forked subprocess"): here it would compute on private copies the parent never sees, so it gets that error. The
+children of multiprocessing's fork server (the "forkserver" start method) are the exception: the server is a fresh
+Python that never uses CUDA itself, so on a GPU box they may, and here they go on emulating the machine it started.
 """
 from __future__ import annotations
 
 import os
+import sys
 from multiprocessing.reduction import ForkingPickler
 
 import torch
@@ -52,8 +55,12 @@ ForkingPickler.register(EmulatedTensor, _reduce_shared)
 
 
 def _forked_child_has_no_cuda() -> None:
-    if devices.active is not None:
+    if devices.active is not None and not _FORK_SERVER:
         devices.active, devices.forked_from_emulator = None, True
+
+
+# The command multiprocessing.forkserver starts its server with (ForkServer.ensure_running); its children keep it.
+_FORK_SERVER = "".join(sys.orig_argv[-1:]).startswith("from multiprocessing.forkserver import main")
 
 
 def in_bad_fork() -> bool:
