@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import course
 from course.cuda import autocast
@@ -269,6 +270,65 @@ def test_nothing_is_cached_under_inference_mode(emu):
             w @ w
         y = w @ w
     assert y.grad_fn is not None and not y.is_inference()
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts the low-precision casts of one weight, as PyTorch's TestAutocastGPU.test_cache_disabled does."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight, self.count = weight, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and args[0] is self.weight and kwargs.get("dtype") is LOW[0]:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+def _casts_of_a_registered_cached_tensor(device):
+    w = torch.randn(4, 4, device=device, requires_grad=True)
+    torch._C._set_cached_tensors_enabled(True)
+    try:
+        torch._C._add_cached_tensor(w)
+        with _WeightCasts(w) as mode, torch.autocast(device, dtype=LOW[0]):
+            (w @ w) @ w
+        torch._C._remove_cached_tensor(w)
+    finally:
+        torch._C._set_cached_tensors_enabled(False)
+    return mode.count
+
+
+def test_a_tensor_registered_as_cached_is_cast_at_each_use():
+    """C++'s cached_cast skips `at::caching::is_cached_tensor` tensors (CUDA graph trees' static inputs): the
+    emulator cached them. CPU autocast runs the same cached_cast and is the reference."""
+    expected = _casts_of_a_registered_cached_tensor("cpu")
+    with course.emulate(gpus=1):
+        assert _casts_of_a_registered_cached_tensor("cuda") == expected > 1
+
+
+def _steps_with_grads_broken_after_unscale(device):
+    """PyTorch's test_params_invalidated_with_grads_invalidated_between_unscale_and_step: grads set with
+    `copy_(number)` after `unscale_` are not checked again, so the step writes nan/inf into the weights."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).to(device)
+    opt = torch.optim.Adam(model.parameters())
+    scaler = torch.amp.GradScaler(device, init_scale=128.0)
+    scaler.scale(model(torch.randn(3, 4, device=device)).sum()).backward()
+    scaler.unscale_(opt)
+    for j, param in enumerate(model.parameters()):
+        param.grad.copy_(torch.inf if j % 2 else torch.nan)
+    scaler.step(opt)
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def test_copying_a_number_into_a_gpu_tensor_as_grad_breaking_tests_do():
+    expected = _steps_with_grads_broken_after_unscale("cpu")
+    with course.emulate(gpus=2):
+        emulated = _steps_with_grads_broken_after_unscale("cuda:1")
+    assert all(p.isnan().any() or p.isinf().any() for p in expected)
+    for p, q in zip(emulated, expected):
+        torch.testing.assert_close(p, q, equal_nan=True)
 
 
 def test_dataparallel_replicas_autocast_inside_forward():

@@ -105,7 +105,8 @@ def _tensors(values):
 # forward, however often it is used). Keyed by id, holding a weakref so a recycled id cannot hit. As in PyTorch
 # since pytorch/pytorch#165068, the cached cast is made with grad mode on, so one first made under no_grad (an
 # eval pass, a custom autograd.Function's forward) still carries the weight's gradient to later uses, and nothing
-# is cached under inference_mode.
+# is cached under inference_mode. Nor are tensors registered with `torch._C._add_cached_tensor` (CUDA graph trees'
+# static inputs), as C++ checks `at::caching::is_cached_tensor`.
 _cache = threading.local()
 
 
@@ -126,7 +127,7 @@ def _cast(value, dtype: torch.dtype, device: str):
         return value
     cacheable = (dtype is torch.get_autocast_dtype(device) and value.dtype is torch.float32 and value.requires_grad
                  and value.is_leaf and not value._is_view() and torch.is_autocast_cache_enabled()
-                 and not torch.is_inference_mode_enabled())
+                 and not torch.is_inference_mode_enabled() and not torch._C._is_cached_tensor(value))
     if not cacheable:
         return value.to(dtype)
     casts = _cast_cache()

@@ -252,7 +252,8 @@ def _cpu(self, memory_format=None):
 
 
 def _copy_(self, src, non_blocking=False):
-    if device_of(self) == device_of(src):
+    # A number for `src` (`grad.copy_(float("nan"))`) becomes a wrapped-number tensor, which any device takes.
+    if not isinstance(src, torch.Tensor) or device_of(self) == device_of(src):
         with torch._C.DisableTorchFunctionSubclass():
             return torch.Tensor.copy_(self, src, non_blocking)
     if torch.is_grad_enabled() and (self.requires_grad or src.requires_grad):
