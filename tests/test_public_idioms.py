@@ -1396,3 +1396,20 @@ def test_sparse_embedding_trains_with_sparse_adam_as_on_the_host(emu):
         warnings.simplefilter("error")
         on_gpu = train("cuda:1")
     torch.testing.assert_close(on_gpu, train("cpu"))
+
+
+def test_a_parameters_class_rebuilds_it_as_accelerate_does(emu):
+    """accelerate's set_module_tensor_to_device: `type(param)(value, requires_grad=..., **param.__dict__)`."""
+    layer, host = nn.Linear(3, 2).to("cuda:1"), nn.Linear(3, 2)
+    param = layer.weight
+    rebuilt = type(param)(torch.ones(2, 3, device="cuda:1"), requires_grad=False, **param.__dict__)
+    assert isinstance(rebuilt, nn.Parameter) and rebuilt.device == torch.device("cuda:1")
+    assert not rebuilt.requires_grad and rebuilt.is_leaf and rebuilt.cpu().sum().item() == 6.0
+    layer._parameters["weight"] = rebuilt
+    expected = nn.functional.linear(torch.ones(1, 3), torch.ones(2, 3), host.bias.data.copy_(layer.bias.cpu()))
+    torch.testing.assert_close(layer(torch.ones(1, 3, device="cuda:1")).cpu(), expected.detach())
+    from_host = type(param)(torch.ones(2))
+    assert type(from_host) is nn.Parameter and from_host.requires_grad  # a host tensor makes a host Parameter
+    param.tag = "mine"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tag'"):  # as Parameter.__new__ refuses it
+        type(param)(torch.ones(2, device="cuda:1"), **param.__dict__)

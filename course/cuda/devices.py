@@ -130,7 +130,11 @@ class EmulatedTensor(torch.Tensor):
     _block: Block | None
 
     @staticmethod
-    def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+    def __new__(cls, inner: torch.Tensor | None = None, device_index: int | None = None, block: Block | None = None,
+                requires_grad=None, **attributes):
+        if device_index is None:
+            return _parameter_from_its_class(inner, requires_grad, attributes)
+        requires_grad = bool(requires_grad)
         tensor = None
         layout = inner.layout
         if layout is torch.strided and inner.is_contiguous() and not inner.storage_offset():
@@ -271,6 +275,18 @@ class EmulatedTensor(torch.Tensor):
                 raise
             # The error belongs to the torch call that reached this kernel: the emulator's frames are dropped.
             raise error.with_traceback(None) from error.__cause__
+
+
+_OWN_ATTRIBUTES = ("_inner", "_device_index", "_block", "_is_param")
+
+
+def _parameter_from_its_class(data, requires_grad, attributes) -> torch.Tensor:
+    """`type(param)(tensor, requires_grad=..., **param.__dict__)`, how accelerate's `set_module_tensor_to_device`
+    and PEFT rebuild a parameter: an emulated parameter's class is this one (nn.Parameter flags a tensor subclass
+    instead of changing its class), so the call makes the nn.Parameter it makes on a GPU box. The emulator's own
+    attributes in `__dict__` are not the program's; any other keyword is refused as Parameter.__new__ refuses it."""
+    rest = {key: value for key, value in attributes.items() if key not in _OWN_ATTRIBUTES}
+    return torch.nn.Parameter(data, *(() if requires_grad is None else (requires_grad,)), **rest)
 
 
 def _plain_values(inner: torch.Tensor) -> bool:
