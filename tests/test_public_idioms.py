@@ -1413,3 +1413,17 @@ def test_a_parameters_class_rebuilds_it_as_accelerate_does(emu):
     param.tag = "mine"
     with pytest.raises(TypeError, match="unexpected keyword argument 'tag'"):  # as Parameter.__new__ refuses it
         type(param)(torch.ones(2, device="cuda:1"), **param.__dict__)
+
+
+def test_copying_a_parameters_attributes_copies_only_the_programs(emu):
+    """`moved.__dict__.update(param.__dict__)` (loaders carrying `weight_loader` over): a GPU box's parameter has no
+    other attributes, so the moved one keeps its own device and values."""
+    param = nn.Parameter(torch.ones(3, device="cuda:1"))
+    param.weight_loader = "load"
+    moved = nn.Parameter(param.detach().to("cuda:0") * 2)
+    moved.__dict__.update(param.__dict__)
+    assert moved.device == torch.device("cuda:0") and moved.cpu().tolist() == [2.0, 2.0, 2.0]
+    assert vars(moved) == {"weight_loader": "load"} == vars(param)
+    assert isinstance(moved, nn.Parameter) and isinstance(copy.deepcopy(moved), nn.Parameter)
+    del moved.__dict__["weight_loader"]
+    assert not hasattr(moved, "weight_loader") and moved.device == torch.device("cuda:0")
