@@ -17,6 +17,8 @@ import torch
 import torch.utils._foreach_utils
 from torch.optim import optimizer as _optimizer
 
+from course.cuda.tensor_attributes import (STATE, assign_attributes, instance_dict, parameter_from_its_class,
+                                           program_attributes)
 from course.machine.memory import Block
 
 # Emulator developers: COURSE_DEBUG=1 keeps the emulator's own frames in tracebacks. Otherwise an error in an
@@ -133,7 +135,7 @@ class EmulatedTensor(torch.Tensor):
     def __new__(cls, inner: torch.Tensor | None = None, device_index: int | None = None, block: Block | None = None,
                 requires_grad=None, **attributes):
         if device_index is None:
-            return _parameter_from_its_class(inner, requires_grad, attributes)
+            return parameter_from_its_class(inner, requires_grad, attributes)
         requires_grad = bool(requires_grad)
         tensor = None
         layout = inner.layout
@@ -171,15 +173,11 @@ class EmulatedTensor(torch.Tensor):
     def __dict__(self):
         """The attributes a program set, as on a GPU box, where a parameter's `__dict__` is empty: code that copies
         them onto a new parameter (`moved.__dict__.update(param.__dict__)`) must not copy the emulator's own."""
-        return _ProgramAttributes(instance_dict(self))
+        return program_attributes(self)
 
     @__dict__.setter
     def __dict__(self, attributes):
-        if isinstance(attributes, _ProgramAttributes):  # another tensor's, whole: torch.utils.swap_tensors swaps them
-            set_instance_dict(self, attributes._attributes)
-            return
-        own = instance_dict(self)
-        set_instance_dict(self, {**{key: own[key] for key in _OWN_ATTRIBUTES if key in own}, **attributes})
+        assign_attributes(self, attributes)
 
     @property
     def device(self) -> torch.device:
@@ -240,7 +238,7 @@ class EmulatedTensor(torch.Tensor):
         rebuilds one from the storage it shares (`Tensor.__reduce_ex__`); pickling would have copied the values."""
         twin = self.detach().requires_grad_(self.requires_grad)
         for key, value in instance_dict(self).items():
-            if key not in _STATE:
+            if key not in STATE:
                 setattr(twin, key, value)
         return twin
 
@@ -261,7 +259,7 @@ class EmulatedTensor(torch.Tensor):
         if self.grad is not None:
             twin.grad = copy.deepcopy(self.grad, memo)
         for key, value in instance_dict(self).items():
-            if key not in _STATE:
+            if key not in STATE:
                 setattr(twin, key, copy.deepcopy(value, memo))
         memo[id(self)] = twin
         return twin
@@ -289,70 +287,6 @@ class EmulatedTensor(torch.Tensor):
                 raise
             # The error belongs to the torch call that reached this kernel: the emulator's frames are dropped.
             raise error.with_traceback(None) from error.__cause__
-
-
-_STATE = ("_inner", "_device_index", "_block")  # what an emulated tensor is, kept apart from a copy's attributes
-_OWN_ATTRIBUTES = (*_STATE, "_is_param")  # the emulator's, not the program's: a GPU box's parameter has none
-_INSTANCE_DICT = torch.Tensor.__dict__["__dict__"]  # the attribute dictionary Python itself reads and writes
-
-
-def instance_dict(tensor: torch.Tensor) -> dict:
-    """A tensor's whole attribute dictionary, the emulator's own attributes included."""
-    return _INSTANCE_DICT.__get__(tensor)
-
-
-def set_instance_dict(tensor: torch.Tensor, attributes: dict) -> None:
-    _INSTANCE_DICT.__set__(tensor, attributes)
-
-
-class _ProgramAttributes(dict):
-    """An emulated tensor's `__dict__` without the emulator's attributes. Reads see a copy; writes reach the tensor."""
-
-    __slots__ = ("_attributes",)
-
-    def __init__(self, attributes: dict):
-        super().__init__((key, value) for key, value in attributes.items() if key not in _OWN_ATTRIBUTES)
-        self._attributes = attributes
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        self._attributes[key] = value
-
-    def __delitem__(self, key):
-        super().__delitem__(key)
-        del self._attributes[key]
-
-    def update(self, *others, **attributes):
-        new = dict(*others, **attributes)
-        super().update(new)
-        self._attributes.update(new)
-
-    def setdefault(self, key, default=None):
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    def pop(self, key, *default):
-        if key in self:
-            self._attributes.pop(key)
-        return super().pop(key, *default)
-
-    def popitem(self):
-        key, value = super().popitem()
-        del self._attributes[key]
-        return key, value
-
-    def clear(self):
-        for key in list(self):
-            del self[key]
-
-
-def _parameter_from_its_class(data, requires_grad, attributes) -> torch.Tensor:
-    """`type(param)(tensor, requires_grad=..., **param.__dict__)`, how accelerate's `set_module_tensor_to_device`
-    and PEFT rebuild a parameter: an emulated parameter's class is this one (nn.Parameter flags a tensor subclass
-    instead of changing its class), so the call makes the nn.Parameter it makes on a GPU box, and refuses the
-    keywords Parameter.__new__ refuses."""
-    return torch.nn.Parameter(data, *(() if requires_grad is None else (requires_grad,)), **attributes)
 
 
 def _plain_values(inner: torch.Tensor) -> bool:

@@ -17,8 +17,8 @@ from torch.overrides import TorchFunctionMode
 from course.cuda import (aliasing_factories, attention, cudnn_rnn, functorch_layers, fused_dropout, graph_moves,
                          half_fft, inner_factories, packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
-from course.cuda.devices import (CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, instance_dict,
-                                 parse_device, set_instance_dict, wrap)
+from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
+from course.cuda.tensor_attributes import instance_dict, set_instance_dict
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
                                    program_dispatch_mode, to_host_copy)
 from course.machine import costs

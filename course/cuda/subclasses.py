@@ -25,7 +25,8 @@ import threading
 import torch
 
 from course.cuda.cuda_bindings import not_modelled
-from course.cuda.devices import EmulatedTensor, _make_wrapper, current_emulator, hooks, instance_dict, parse_device
+from course.cuda.devices import EmulatedTensor, _make_wrapper, current_emulator, hooks, parse_device
+from course.cuda.tensor_attributes import instance_dict
 
 _as_subclass = torch.Tensor.as_subclass
 _make_subclass = torch.Tensor._make_subclass
