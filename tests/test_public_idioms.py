@@ -1427,3 +1427,15 @@ def test_copying_a_parameters_attributes_copies_only_the_programs(emu):
     assert isinstance(moved, nn.Parameter) and isinstance(copy.deepcopy(moved), nn.Parameter)
     del moved.__dict__["weight_loader"]
     assert not hasattr(moved, "weight_loader") and moved.device == torch.device("cuda:0")
+
+
+def test_module_moves_keep_a_parameters_attributes(emu):
+    """`param.data = ...` (Module.to on a GPU box) keeps what a program set on a parameter; the emulator's swap too."""
+    layer = nn.Linear(2, 2)
+    layer.weight.weight_loader = "load"
+    reference = nn.Linear(2, 2).half()  # plain CPU torch's conversion, for the values
+    reference.load_state_dict(layer.state_dict())
+    layer.to("cuda:1").half()
+    assert layer.weight.weight_loader == "load" and vars(layer.weight) == {"weight_loader": "load"}
+    assert layer.weight.device == torch.device("cuda:1") and layer.weight.dtype == torch.float16
+    torch.testing.assert_close(layer.weight.cpu(), reference.weight.detach())
