@@ -1396,3 +1396,46 @@ def test_sparse_embedding_trains_with_sparse_adam_as_on_the_host(emu):
         warnings.simplefilter("error")
         on_gpu = train("cuda:1")
     torch.testing.assert_close(on_gpu, train("cpu"))
+
+
+def test_a_parameters_class_rebuilds_it_as_accelerate_does(emu):
+    """accelerate's set_module_tensor_to_device: `type(param)(value, requires_grad=..., **param.__dict__)`."""
+    layer, host = nn.Linear(3, 2).to("cuda:1"), nn.Linear(3, 2)
+    param = layer.weight
+    rebuilt = type(param)(torch.ones(2, 3, device="cuda:1"), requires_grad=False, **param.__dict__)
+    assert isinstance(rebuilt, nn.Parameter) and rebuilt.device == torch.device("cuda:1")
+    assert not rebuilt.requires_grad and rebuilt.is_leaf and rebuilt.cpu().sum().item() == 6.0
+    layer._parameters["weight"] = rebuilt
+    expected = nn.functional.linear(torch.ones(1, 3), torch.ones(2, 3), host.bias.data.copy_(layer.bias.cpu()))
+    torch.testing.assert_close(layer(torch.ones(1, 3, device="cuda:1")).cpu(), expected.detach())
+    from_host = type(param)(torch.ones(2))
+    assert type(from_host) is nn.Parameter and from_host.requires_grad  # a host tensor makes a host Parameter
+    param.tag = "mine"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tag'"):  # as Parameter.__new__ refuses it
+        type(param)(torch.ones(2, device="cuda:1"), **param.__dict__)
+
+
+def test_copying_a_parameters_attributes_copies_only_the_programs(emu):
+    """`moved.__dict__.update(param.__dict__)` (loaders carrying `weight_loader` over): a GPU box's parameter has no
+    other attributes, so the moved one keeps its own device and values."""
+    param = nn.Parameter(torch.ones(3, device="cuda:1"))
+    param.weight_loader = "load"
+    moved = nn.Parameter(param.detach().to("cuda:0") * 2)
+    moved.__dict__.update(param.__dict__)
+    assert moved.device == torch.device("cuda:0") and moved.cpu().tolist() == [2.0, 2.0, 2.0]
+    assert vars(moved) == {"weight_loader": "load"} == vars(param)
+    assert isinstance(moved, nn.Parameter) and isinstance(copy.deepcopy(moved), nn.Parameter)
+    del moved.__dict__["weight_loader"]
+    assert not hasattr(moved, "weight_loader") and moved.device == torch.device("cuda:0")
+
+
+def test_module_moves_keep_a_parameters_attributes(emu):
+    """`param.data = ...` (Module.to on a GPU box) keeps what a program set on a parameter; the emulator's swap too."""
+    layer = nn.Linear(2, 2)
+    layer.weight.weight_loader = "load"
+    reference = nn.Linear(2, 2).half()  # plain CPU torch's conversion, for the values
+    reference.load_state_dict(layer.state_dict())
+    layer.to("cuda:1").half()
+    assert layer.weight.weight_loader == "load" and vars(layer.weight) == {"weight_loader": "load"}
+    assert layer.weight.device == torch.device("cuda:1") and layer.weight.dtype == torch.float16
+    torch.testing.assert_close(layer.weight.cpu(), reference.weight.detach())

@@ -17,6 +17,8 @@ import torch
 import torch.utils._foreach_utils
 from torch.optim import optimizer as _optimizer
 
+from course.cuda.tensor_attributes import (STATE, assign_attributes, instance_dict, parameter_from_its_class,
+                                           program_attributes)
 from course.machine.memory import Block
 
 # Emulator developers: COURSE_DEBUG=1 keeps the emulator's own frames in tracebacks. Otherwise an error in an
@@ -130,7 +132,11 @@ class EmulatedTensor(torch.Tensor):
     _block: Block | None
 
     @staticmethod
-    def __new__(cls, inner: torch.Tensor, device_index: int, block: Block | None, requires_grad=False):
+    def __new__(cls, inner: torch.Tensor | None = None, device_index: int | None = None, block: Block | None = None,
+                requires_grad=None, **attributes):
+        if device_index is None:
+            return parameter_from_its_class(inner, requires_grad, attributes)
+        requires_grad = bool(requires_grad)
         tensor = None
         layout = inner.layout
         if layout is torch.strided and inner.is_contiguous() and not inner.storage_offset():
@@ -164,6 +170,16 @@ class EmulatedTensor(torch.Tensor):
         return tensor
 
     @property
+    def __dict__(self):
+        """The attributes a program set, as on a GPU box, where a parameter's `__dict__` is empty: code that copies
+        them onto a new parameter (`moved.__dict__.update(param.__dict__)`) must not copy the emulator's own."""
+        return program_attributes(self)
+
+    @__dict__.setter
+    def __dict__(self, attributes):
+        assign_attributes(self, attributes)
+
+    @property
     def device(self) -> torch.device:
         return _device_object(self._device_index)
 
@@ -192,7 +208,7 @@ class EmulatedTensor(torch.Tensor):
             text = _format(self)
         # nn.Parameter keeps a tensor subclass's class and flags it instead; on a GPU box it is a Parameter,
         # whose __repr__ (torch/nn/parameter.py) puts this line first. A program's own subclass keeps its repr.
-        if type(self) is EmulatedTensor and self.__dict__.get("_is_param", False):
+        if type(self) is EmulatedTensor and instance_dict(self).get("_is_param", False):
             return "Parameter containing:\n" + text
         return text
 
@@ -221,8 +237,8 @@ class EmulatedTensor(torch.Tensor):
         """`copy.copy(x)`: another leaf tensor on x's memory, with its requires_grad and attributes, as PyTorch
         rebuilds one from the storage it shares (`Tensor.__reduce_ex__`); pickling would have copied the values."""
         twin = self.detach().requires_grad_(self.requires_grad)
-        for key, value in self.__dict__.items():
-            if key not in ("_inner", "_device_index", "_block"):
+        for key, value in instance_dict(self).items():
+            if key not in STATE:
                 setattr(twin, key, value)
         return twin
 
@@ -242,8 +258,8 @@ class EmulatedTensor(torch.Tensor):
         twin.requires_grad_(self.requires_grad)
         if self.grad is not None:
             twin.grad = copy.deepcopy(self.grad, memo)
-        for key, value in self.__dict__.items():
-            if key not in ("_inner", "_device_index", "_block"):
+        for key, value in instance_dict(self).items():
+            if key not in STATE:
                 setattr(twin, key, copy.deepcopy(value, memo))
         memo[id(self)] = twin
         return twin

@@ -18,6 +18,7 @@ from course.cuda import (aliasing_factories, attention, cudnn_rnn, functorch_lay
                          half_fft, inner_factories, packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
+from course.cuda.tensor_attributes import instance_dict, set_instance_dict
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
                                    program_dispatch_mode, to_host_copy)
 from course.machine import costs
@@ -428,10 +429,10 @@ def _take_gpu_tensor(host, gpu):
         moved.__class__ = type(gpu)  # stays uninitialized, for the lazy module to materialize
     if host.requires_grad and not torch.nn.parameter.is_lazy(host):  # a lazy one is in no graph
         torch.autograd.graph.get_gradient_edge(host).node.register_prehook(_moved_to_gpu_hook)
-    for name in ("__class__", "__dict__"):
-        held = getattr(host, name)
-        setattr(host, name, getattr(moved, name))
-        setattr(moved, name, held)
+    host_attributes, moved_attributes = instance_dict(host), instance_dict(moved)
+    host.__class__, moved.__class__ = moved.__class__, host.__class__
+    set_instance_dict(host, moved_attributes)
+    set_instance_dict(moved, host_attributes)
     torch._C._swap_tensor_impl(host, moved)
 
 

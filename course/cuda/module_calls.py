@@ -61,7 +61,7 @@ def module_apply(self, fn, recurse=True):
                     child._apply(fn)
             torch.__future__.set_swap_module_params_on_conversion(False)
             return _rehooked(_MODULE_APPLY(self, fn, recurse=False))
-        return _rehooked(_MODULE_APPLY(self, fn, recurse))
+        return _rehooked(_keeping_attributes(self, lambda: _MODULE_APPLY(self, fn, recurse)))
     except RuntimeError as error:
         if not str(error).startswith("_apply(): Couldn't swap"):
             raise
@@ -72,6 +72,19 @@ def module_apply(self, fn, recurse=True):
             _applying -= 1
             if _applying == 0:
                 torch.__future__.set_swap_module_params_on_conversion(_flag_before)
+
+
+def _keeping_attributes(module, apply):
+    """On a GPU `param.data = ...` converts a parameter and keeps the attributes a program set on it (a loader's
+    `weight_loader`, a sharding flag); a swap gives it the converted copy's, so they are set again after, unless
+    the program asked for swaps itself (`set_swap_module_params_on_conversion(True)`), which drop them in PyTorch."""
+    kept = [(param, dict(vars(param))) for param in module._parameters.values()
+            if type(param) in (torch.nn.Parameter, devices.EmulatedTensor) and vars(param)]  # not a DTensor's state
+    result = apply()
+    if not _flag_before:
+        for param, attributes in kept:
+            param.__dict__.update(attributes)
+    return result
 
 
 def _rehooked(module):

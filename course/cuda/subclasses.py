@@ -26,6 +26,7 @@ import torch
 
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import EmulatedTensor, _make_wrapper, current_emulator, hooks, parse_device
+from course.cuda.tensor_attributes import instance_dict
 
 _as_subclass = torch.Tensor.as_subclass
 _make_subclass = torch.Tensor._make_subclass
@@ -80,7 +81,7 @@ def uninitialized_like(tensor, data: torch.Tensor):
     the device), as UninitializedParameter.__new__ makes one, keeping its attributes (a buffer's `persistent`)."""
     with torch._C.DisableTorchFunctionSubclass():
         moved = torch.Tensor._make_subclass(_user_class(type(tensor)), data, tensor.requires_grad)
-        moved.__dict__.update(tensor.__dict__)
+        instance_dict(moved).update(instance_dict(tensor))
     return moved
 
 
