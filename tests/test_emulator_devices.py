@@ -1392,6 +1392,49 @@ def test_rnns_refuse_what_cudnn_refuses(emu):
     torch.testing.assert_close([p.grad.cpu() for p in on_gpu.parameters()], [p.grad for p in lstm.parameters()])
 
 
+def test_rnns_name_the_tensor_on_another_device_as_check_attributes_does(emu):
+    """A batch left on the host, a model left on the host, an initial state made without `device=`: RNN.h's
+    check_attributes words each (the CPU's kernel said only "Expected all tensors to be on the same device")."""
+    x, h = torch.randn(3, 2, 4), torch.zeros(1, 2, 5)
+    cases = [(nn.LSTM(4, 5).cuda(), x, None, "parameter tensors are not at the same device, found input tensor at "
+              "cpu and parameter tensor at cuda:0"),
+             (nn.GRU(4, 5), x.cuda(), None, "found input tensor at cuda:0 and parameter tensor at cpu"),
+             (nn.GRU(4, 5).cuda(), x.cuda(), h, "Input and hidden tensors are not at the same device, found input "
+              "tensor at cuda:0 and hidden tensor at cpu"),
+             (nn.RNN(4, 5).to("cuda:1"), x.cuda(), None, "found input tensor at cuda:0 and parameter tensor at cuda:1")]
+    for model, batch, state, words in cases:
+        with pytest.raises(RuntimeError, match=words):
+            model(batch, state)
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 5)
+    torch.testing.assert_close(copy.deepcopy(lstm).cuda()(x.cuda())[0].cpu(), lstm(x)[0])
+
+
+def test_a_module_already_on_its_gpu_converts_nothing_in_its_forward(emu):
+    """`self.cuda()` or `self.to(device)` inside a forward, on a model already there: on a GPU `param.data = param`
+    changes nothing; a swap here poisoned the gradients the forward's graph was to accumulate."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 1)
+
+        def forward(self, x):
+            h = self.a(x)
+            self.to(x.device)
+            return self.b(h.to(x.device))
+
+    torch.manual_seed(0)
+    host = Net()
+    gpu = copy.deepcopy(host).cuda()
+    weight = gpu.a.weight
+    x = torch.randn(2, 3)
+    host(x).sum().backward()
+    gpu(x.cuda()).sum().backward()
+    assert gpu.a.weight is weight and gpu.a.weight.device == torch.device("cuda:0")
+    torch.testing.assert_close([p.grad.cpu() for p in gpu.parameters()], [p.grad for p in host.parameters()])
+    assert gpu.half().a.weight.dtype == torch.float16 and gpu.to("cuda:1").b.bias.device == torch.device("cuda:1")
+
+
 def _lazy_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))
