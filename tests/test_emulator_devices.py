@@ -1435,6 +1435,30 @@ def test_a_module_already_on_its_gpu_converts_nothing_in_its_forward(emu):
     assert gpu.half().a.weight.dtype == torch.float16 and gpu.to("cuda:1").b.bias.device == torch.device("cuda:1")
 
 
+def test_out_of_range_labels_and_indices_trip_a_device_side_assert(emu):
+    """A label past the classifier's width, a token past the embedding table, a gather, scatter or fancy index out of
+    range, probabilities below 0: CUDA's kernels assert on the device ("CUDA error: device-side assert triggered",
+    an AcceleratorError), where the CPU raised IndexError or RuntimeError in its own words. `F.one_hot` took a tensor
+    subclass's path, which checks nothing, and gave a row of zeros. Host-side checks keep their errors."""
+    torch.manual_seed(0)
+    logits, table = torch.randn(4, 3), torch.randn(10, 2)
+    labels, tokens = torch.tensor([0, 2, 1, 2]), torch.tensor([9, 0])
+    on = lambda t: t.to("cuda:1")  # noqa: E731
+    cases = [lambda: F.cross_entropy(on(logits), on(labels) + 1), lambda: F.embedding(on(tokens) + 1, on(table)),
+             lambda: on(table)[on(tokens) + 1], lambda: on(logits).gather(1, on(labels)[:, None] + 1),
+             lambda: torch.zeros(3, device="cuda").scatter_(0, on(tokens)[:1].cuda(), 1.0),
+             lambda: F.one_hot(on(labels) + 1, 3), lambda: F.one_hot(on(labels) - 1),
+             lambda: torch.multinomial(on(logits)[0], 1)]
+    for case in cases:
+        with pytest.raises(torch.AcceleratorError, match="CUDA error: device-side assert triggered"):
+            case()
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
+        on(table)[10]
+    torch.testing.assert_close(F.cross_entropy(on(logits), on(labels)).cpu(), F.cross_entropy(logits, labels))
+    torch.testing.assert_close(F.one_hot(on(labels)).cpu(), F.one_hot(labels))
+    torch.testing.assert_close(F.embedding(on(tokens), on(table)).cpu(), F.embedding(tokens, table))
+
+
 def _lazy_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))
