@@ -1459,6 +1459,23 @@ def test_out_of_range_labels_and_indices_trip_a_device_side_assert(emu):
     torch.testing.assert_close(F.embedding(on(tokens), on(table)).cpu(), F.embedding(tokens, table))
 
 
+def test_layer_norm_of_mixed_dtypes_stops_as_cudas_kernel_does(emu):
+    """CUDA's LayerNorm reads its weight and bias as the input's type: a float LayerNorm given half or bfloat16
+    activations (or a `.half()` one given float) raises, where the CPU's mixed-type kernel computed. Under autocast
+    both sides are float, and the values are the CPU's."""
+    torch.manual_seed(0)
+    norm, x = nn.LayerNorm(8), torch.randn(4, 8)
+    on_gpu = copy.deepcopy(norm).cuda()
+    for module, batch, words in ((on_gpu, x.cuda().half(), "expected scalar type Half but found Float"),
+                                 (on_gpu, x.cuda().bfloat16(), "expected scalar type BFloat16 but found Float"),
+                                 (copy.deepcopy(on_gpu).half(), x.cuda(), "expected scalar type Float but found Half")):
+        with pytest.raises(RuntimeError, match=words):
+            module(batch)
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = on_gpu(x.cuda().half())
+    torch.testing.assert_close(out.cpu(), norm(x.half().float()))
+
+
 def _lazy_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))
