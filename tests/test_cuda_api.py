@@ -1078,3 +1078,17 @@ def test_polling_a_query_sees_the_gpu_finish(emu):
     host = emu.clock.host_ns
     assert start.elapsed_time(done) > 0 and emu.clock.host_ns == host
     torch.testing.assert_close(z.cpu(), (a @ a) @ (a @ a))
+
+
+def test_bf16_is_emulated_before_ampere_as_torch_answers():
+    """torch 2.13's `is_bf16_supported()` says True on a V100 (a bfloat16 tensor can be made there), so bf16 autocast
+    runs; only `including_emulation=False` and `is_tf32_supported()` ask for sm80."""
+    for gpu, native in (("V100", False), ("A100-80GB", True)):
+        with course.emulate(gpus=1, gpu=gpu):
+            assert torch.cuda.is_bf16_supported()
+            assert torch.cuda.is_bf16_supported(including_emulation=False) == native == torch.cuda.is_tf32_supported()
+            a = torch.randn(4, 4)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = a.cuda() @ a.cuda()
+            assert out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.cpu(), (a.bfloat16() @ a.bfloat16()))

@@ -1392,6 +1392,90 @@ def test_rnns_refuse_what_cudnn_refuses(emu):
     torch.testing.assert_close([p.grad.cpu() for p in on_gpu.parameters()], [p.grad for p in lstm.parameters()])
 
 
+def test_rnns_name_the_tensor_on_another_device_as_check_attributes_does(emu):
+    """A batch left on the host, a model left on the host, an initial state made without `device=`: RNN.h's
+    check_attributes words each (the CPU's kernel said only "Expected all tensors to be on the same device")."""
+    x, h = torch.randn(3, 2, 4), torch.zeros(1, 2, 5)
+    cases = [(nn.LSTM(4, 5).cuda(), x, None, "parameter tensors are not at the same device, found input tensor at "
+              "cpu and parameter tensor at cuda:0"),
+             (nn.GRU(4, 5), x.cuda(), None, "found input tensor at cuda:0 and parameter tensor at cpu"),
+             (nn.GRU(4, 5).cuda(), x.cuda(), h, "Input and hidden tensors are not at the same device, found input "
+              "tensor at cuda:0 and hidden tensor at cpu"),
+             (nn.RNN(4, 5).to("cuda:1"), x.cuda(), None, "found input tensor at cuda:0 and parameter tensor at cuda:1")]
+    for model, batch, state, words in cases:
+        with pytest.raises(RuntimeError, match=words):
+            model(batch, state)
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 5)
+    torch.testing.assert_close(copy.deepcopy(lstm).cuda()(x.cuda())[0].cpu(), lstm(x)[0])
+
+
+def test_a_module_already_on_its_gpu_converts_nothing_in_its_forward(emu):
+    """`self.cuda()` or `self.to(device)` inside a forward, on a model already there: on a GPU `param.data = param`
+    changes nothing; a swap here poisoned the gradients the forward's graph was to accumulate."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 1)
+
+        def forward(self, x):
+            h = self.a(x)
+            self.to(x.device)
+            return self.b(h.to(x.device))
+
+    torch.manual_seed(0)
+    host = Net()
+    gpu = copy.deepcopy(host).cuda()
+    weight = gpu.a.weight
+    x = torch.randn(2, 3)
+    host(x).sum().backward()
+    gpu(x.cuda()).sum().backward()
+    assert gpu.a.weight is weight and gpu.a.weight.device == torch.device("cuda:0")
+    torch.testing.assert_close([p.grad.cpu() for p in gpu.parameters()], [p.grad for p in host.parameters()])
+    assert gpu.half().a.weight.dtype == torch.float16 and gpu.to("cuda:1").b.bias.device == torch.device("cuda:1")
+
+
+def test_out_of_range_labels_and_indices_trip_a_device_side_assert(emu):
+    """A label past the classifier's width, a token past the embedding table, a gather, scatter or fancy index out of
+    range, probabilities below 0: CUDA's kernels assert on the device ("CUDA error: device-side assert triggered",
+    an AcceleratorError), where the CPU raised IndexError or RuntimeError in its own words. `F.one_hot` took a tensor
+    subclass's path, which checks nothing, and gave a row of zeros. Host-side checks keep their errors."""
+    torch.manual_seed(0)
+    logits, table = torch.randn(4, 3), torch.randn(10, 2)
+    labels, tokens = torch.tensor([0, 2, 1, 2]), torch.tensor([9, 0])
+    on = lambda t: t.to("cuda:1")  # noqa: E731
+    cases = [lambda: F.cross_entropy(on(logits), on(labels) + 1), lambda: F.embedding(on(tokens) + 1, on(table)),
+             lambda: on(table)[on(tokens) + 1], lambda: on(logits).gather(1, on(labels)[:, None] + 1),
+             lambda: torch.zeros(3, device="cuda").scatter_(0, on(tokens)[:1].cuda(), 1.0),
+             lambda: F.one_hot(on(labels) + 1, 3), lambda: F.one_hot(on(labels) - 1),
+             lambda: torch.multinomial(on(logits)[0], 1)]
+    for case in cases:
+        with pytest.raises(torch.AcceleratorError, match="CUDA error: device-side assert triggered"):
+            case()
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
+        on(table)[10]
+    torch.testing.assert_close(F.cross_entropy(on(logits), on(labels)).cpu(), F.cross_entropy(logits, labels))
+    torch.testing.assert_close(F.one_hot(on(labels)).cpu(), F.one_hot(labels))
+    torch.testing.assert_close(F.embedding(on(tokens), on(table)).cpu(), F.embedding(tokens, table))
+
+
+def test_layer_norm_of_mixed_dtypes_stops_as_cudas_kernel_does(emu):
+    """CUDA's LayerNorm reads its weight and bias as the input's type: a float LayerNorm given half or bfloat16
+    activations (or a `.half()` one given float) raises, where the CPU's mixed-type kernel computed. Under autocast
+    both sides are float, and the values are the CPU's."""
+    torch.manual_seed(0)
+    norm, x = nn.LayerNorm(8), torch.randn(4, 8)
+    on_gpu = copy.deepcopy(norm).cuda()
+    for module, batch, words in ((on_gpu, x.cuda().half(), "expected scalar type Half but found Float"),
+                                 (on_gpu, x.cuda().bfloat16(), "expected scalar type BFloat16 but found Float"),
+                                 (copy.deepcopy(on_gpu).half(), x.cuda(), "expected scalar type Float but found Half")):
+        with pytest.raises(RuntimeError, match=words):
+            module(batch)
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = on_gpu(x.cuda().half())
+    torch.testing.assert_close(out.cpu(), norm(x.half().float()))
+
+
 def _lazy_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(5))

@@ -70,6 +70,36 @@ def test_ddp_one_rank_gives_plain_gradients(monkeypatch):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_ddp_of_host_parameters_or_buffers_needs_a_cpu_backend(monkeypatch, backend):
+    """A model left on the host, or a buffer assigned a host tensor after `.cuda()`, and a group made with "nccl"
+    alone: DDP's broadcast of the module's states finds no backend for the CPU, as on a GPU box; the emulator ran
+    it. With a CPU backend named, the model trains, with CPU torch's gradients."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(course.lessons.ranks.free_port()))
+    torch.manual_seed(0)
+    host, x = nn.Linear(4, 2), torch.randn(3, 4)
+    norm = nn.BatchNorm1d(2)
+    with course.emulate(gpus=2):
+        dist.init_process_group(backend, rank=0, world_size=1)
+        try:
+            on_gpu = norm.cuda()
+            on_gpu.running_mean = torch.zeros(2)
+            for model in (copy.deepcopy(host), on_gpu):
+                if backend == "nccl":
+                    with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+                        DDP(model)
+                else:
+                    DDP(model)
+            ddp = DDP(copy.deepcopy(host).cuda(), device_ids=[0])
+            ddp(x.cuda()).square().sum().backward()
+            grads = [p.grad.cpu() for p in ddp.module.parameters()]
+        finally:
+            dist.destroy_process_group()
+    host(x).square().sum().backward()
+    torch.testing.assert_close(grads, [p.grad for p in host.parameters()])
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ddp_over_emulated_nccl_matches_one_process(world_size):
     with course.emulate(gpus=world_size) as emu:

@@ -295,7 +295,9 @@ def get_device_capability(device=None) -> tuple[int, int]:
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    return _emu().gpu.compute_capability >= (8, 0)
+    """Native bfloat16 from sm80; before that torch 2.13 answers True unless `including_emulation=False`, since a
+    bfloat16 tensor can be made there (its `_check_bf16_tensor_supported`), so bf16 autocast runs on a V100 or T4."""
+    return including_emulation or _emu().gpu.compute_capability >= (8, 0)
 
 
 def synchronize(device=None) -> None:

@@ -28,6 +28,17 @@ def _on_cudnn(input) -> bool:
         and torch.backends.cudnn.enabled
 
 
+def _check_attributes(input, hidden, params) -> None:
+    """RNN.h's `check_attributes`, which both devices' kernels run: the hidden state, then every weight, on the
+    input's device. Here the tensors would meet in the CPU's kernel with the generic mixed-device error instead."""
+    states = hidden if isinstance(hidden, (list, tuple)) else [hidden]
+    for name, tensors in (("hidden", states), ("parameter", params)):
+        for tensor in tensors:
+            if tensor is not None and tensor.device != input.device:
+                raise RuntimeError(f"Input and {name} tensors are not at the same device, found input tensor at "
+                                   f"{input.device} and {name} tensor at {tensor.device}")
+
+
 def _checked(vf_op):
     def run(*args, **kwargs):
         """`torch._VF.<rnn>(input, hx, ..., train, bidirectional, batch_first)` or, packed, `(data, batch_sizes, hx,
@@ -36,7 +47,8 @@ def _checked(vf_op):
             with torch._C.DisableTorchFunctionSubclass():
                 return vf_op(*args, **kwargs)
         packed = not isinstance(args[1], (list, tuple)) and args[1].dim() == 1 and not args[1].is_floating_point()
-        hidden, train = (args[2], args[-2]) if packed else (args[1], args[-3])
+        hidden, params, train = (args[2], args[3], args[-2]) if packed else (args[1], args[2], args[-3])
+        _check_attributes(args[0], hidden, params)
         if _on_cudnn(args[0]):
             states = hidden if isinstance(hidden, (list, tuple)) else [hidden]
             for name, state in zip(("hx", "cx"), states):

@@ -14,8 +14,8 @@ import torch.utils._device
 from torch.nn._reduction import get_enum as _reduction_enum
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (aliasing_factories, attention, cudnn_rnn, functorch_layers, fused_dropout, graph_moves,
-                         half_fft, inner_factories, packed_sequences, storages, subclasses)
+from course.cuda import (aliasing_factories, attention, cudnn_rnn, device_asserts, functorch_layers, fused_dropout,
+                         graph_moves, half_fft, inner_factories, packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.tensor_attributes import instance_dict, set_instance_dict
@@ -651,6 +651,7 @@ _HANDLERS.update(cudnn_rnn.handlers())
 _HANDLERS.update(graph_moves.handlers(_to, _type_as))
 _HANDLERS.update(half_fft.handlers())
 _HANDLERS.update(fused_dropout.handlers())
+_HANDLERS.update(device_asserts.handlers())
 attention.register_eager_flex_attention(lambda: EmulatorMode())
 
 # Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.

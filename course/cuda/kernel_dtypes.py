@@ -72,8 +72,25 @@ def _convolution_kernel(args) -> str:
     return "slow_conv_dilated<>" if three_d or any(d != 1 for d in dilation) else "slow_conv2d_cuda"
 
 
+_SCALAR_TYPES = {**C10_NAMES, torch.float32: "Float", torch.float64: "Double"}  # LayerNorm's floating dtypes
+
+
+def _layer_norm_dtypes(args) -> None:
+    """`native_layer_norm(input, normalized_shape, weight, bias, eps)`: CUDA's LayerNormKernelImplInternal reads the
+    weight and bias as the input's type (`gamma.const_data_ptr<T>()`, layer_norm_kernel.cu), so a float LayerNorm
+    given a half input, or a half one given a float input, stops in that read; the CPU's kernel takes half input
+    with float parameters (its mixed type path), and the emulator computes both in float."""
+    x = args[0]
+    for parameter in args[2:4]:
+        if isinstance(parameter, torch.Tensor) and parameter.dtype != x.dtype and x.numel():
+            raise RuntimeError(f"expected scalar type {_SCALAR_TYPES[x.dtype]} but found "
+                               f"{_SCALAR_TYPES[parameter.dtype]}")
+
+
 def refusal(func):
     """For an op whose CUDA kernel lacks dtypes the CPU's has, what raises CUDA's error for them; None for the rest."""
+    if func._overloadpacket is aten.native_layer_norm:
+        return _layer_norm_dtypes
     entry = _REFUSED.get(func._overloadpacket)
     if entry is None:
         return None

@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_checks, foreach_devices, functorch_layers,
-                         graphs, host_only_ops, kernel_dtypes, out_devices, quantized, sync_debug)
+from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_asserts, device_checks, foreach_devices,
+                         functorch_layers, graphs, host_only_ops, kernel_dtypes, out_devices, quantized, sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -77,7 +77,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel", "gpu_check", "bumps_versions", "writes_unreturned")
+                 "python_cuda_kernel", "gpu_check", "bumps_versions", "writes_unreturned", "asserts")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -122,6 +122,7 @@ class _OpInfo:
         self.embedding = func is torch.ops.aten.embedding.default  # reads only the rows it returns
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
+        self.asserts = device_asserts.asserts(func)  # checks indices on the GPU (course/cuda/device_asserts.py)
         # What a GPU refuses that the CPU runs: a matrix product of integers, an op with no CUDA kernel at all, or
         # none for quantized tensors.
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
@@ -475,6 +476,11 @@ def run_kernel(emu, func, args, kwargs):
         raise NotImplementedError(
             f"The GPU emulator cannot run {func}: CPU PyTorch has no kernel for it and the emulator does not "
             f"model it yet ({str(error).splitlines()[0]}). Run this part on a real GPU.") from None
+    except (IndexError, RuntimeError) as error:
+        asserted = device_asserts.triggered(func, error) if info.asserts and device not in (None, CPU) else None
+        if asserted is None:
+            raise
+        raise asserted from None
     for index in info.bumps_versions:
         written = args[index] if index < len(args) else ()
         torch.autograd.graph.increment_version([t for t in written if isinstance(t, EmulatedTensor)])

@@ -55,13 +55,16 @@ def module_apply(self, fn, recurse=True):
             torch.__future__.set_swap_module_params_on_conversion(True)
         _applying += 1
     try:
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        fn = _Remembered(fn)
+        if not fn.converts_any(self):
+            return self
         if _holds_lazy(self):  # a swap would make its uninitialized parameters empty initialized ones, as in PyTorch
-            if recurse:
-                for child in self.children():
-                    child._apply(fn)
             torch.__future__.set_swap_module_params_on_conversion(False)
             return _rehooked(_MODULE_APPLY(self, fn, recurse=False))
-        return _rehooked(_keeping_attributes(self, lambda: _MODULE_APPLY(self, fn, recurse)))
+        return _rehooked(_keeping_attributes(self, lambda: _MODULE_APPLY(self, fn, recurse=False)))
     except RuntimeError as error:
         if not str(error).startswith("_apply(): Couldn't swap"):
             raise
@@ -85,6 +88,32 @@ def _keeping_attributes(module, apply):
         for param, attributes in kept:
             param.__dict__.update(attributes)
     return result
+
+
+class _Remembered:
+    """A conversion that remembers the first tensor it changed, so asking whether it changes any costs no copy."""
+
+    def __init__(self, fn):
+        self.fn, self.first = fn, None
+
+    def __call__(self, tensor):
+        if self.first is not None and self.first[0] is tensor:
+            return self.first[1]
+        return self.fn(tensor)
+
+    def converts_any(self, module) -> bool:
+        """Whether the conversion changes one of the module's own parameters, gradients or buffers, asked in the
+        order `_apply` converts them. A module already where `.cuda()` sends it (`self.cuda()` in a forward) is
+        left alone: a swap there would poison the gradients its forward's graph is to accumulate, where a GPU's
+        `param.data = param` changes nothing."""
+        own = [t for p in module._parameters.values() if p is not None for t in (p, p.grad) if t is not None]
+        with torch.no_grad():
+            for tensor in (*own, *(b for b in module._buffers.values() if b is not None)):
+                converted = self.fn(tensor)
+                if converted is not tensor:
+                    self.first = (tensor, converted)
+                    return True
+        return False
 
 
 def _rehooked(module):

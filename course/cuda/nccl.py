@@ -338,17 +338,20 @@ class EmulatedNCCL(dist.ProcessGroup):
         with emu.clock.lock:
             emu.clock.stream_ready_ns[key] = max(emu.clock.stream_ready(*key), end_ns)
 
-    def _check_device_types(self, tensors) -> None:
+    def _check_device_types(self, tensors, from_python: bool = False) -> None:
         """A C++ group hands a collective to its backend for the tensors' device type, and a group made with "nccl"
         alone has none for CPU tensors ("No backend type associated with device type cpu", ProcessGroup::getBackend
         in torch/csrc/distributed/c10d/ProcessGroup.hpp). Nor has torch 2.13's default group, which BackendConfig
         gives the accelerator's backend only. A plain CPU tensor that PyTorch's C++ hands over (DDP's buckets) stands
         for GPU memory here (it reaches comm hooks, Python ones too, inside backward), so only calls from
-        torch.distributed's Python functions outside backward are checked."""
+        torch.distributed's Python functions outside backward are checked, and `from_python`, DDP's broadcast of a
+        module's parameters and buffers (`dist._broadcast_coalesced`: a model or a buffer left on the host)."""
         if "cpu" in [d.type for d in self._device_types] or all(
                 isinstance(t, EmulatedTensor) and t._device_index != CPU for t in tensors) or \
                 torch._C._current_graph_task_id() != -1:
             return
+        if from_python:
+            raise RuntimeError("No backend type associated with device type cpu")
         frame = sys._getframe(1)
         while frame is not None and frame.f_globals.get("__name__") == __name__:
             frame = frame.f_back
@@ -641,6 +644,9 @@ def _broadcast_coalesced(process_group, tensors, buffer_size: int, src: int = 0)
     emulated tensor's device as the CPU: a module spread over two GPUs (DDP with model parallelism) would be
     flattened into one bucket and fail with 'Expected all tensors to be on the same device'. Every rank groups
     its tensors in the same order (by first appearance), so the broadcasts still pair up."""
+    if isinstance(process_group, EmulatedNCCL) and any(
+            not isinstance(t, EmulatedTensor) or t._device_index == CPU for t in tensors):
+        process_group._check_device_types(tensors, from_python=True)
     by_device: dict = {}
     for tensor in tensors:
         by_device.setdefault(tensor.device, []).append(tensor)
