@@ -1,6 +1,7 @@
 """Running ranks: threads on torch's threaded process group, processes on gloo, and their failures."""
 import gc
 import threading
+import weakref
 import time
 
 import pytest
@@ -48,8 +49,8 @@ class _Cycle:
 
 
 def _make_cycles(rank, world_size, weak, before):
-    weak.append(__import__("weakref").ref(_Cycle()))
-    weak.append(__import__("weakref").ref(before))  # a cycle made before the run, still referenced by the caller
+    weak.append(weakref.ref(_Cycle()))
+    weak.append(weakref.ref(before))  # a cycle made before the run, still referenced by the caller
 
 
 def test_run_threads_frees_the_ranks_cycles_and_leaves_the_collector_as_it_was():
@@ -205,8 +206,6 @@ def test_a_thread_drops_the_objects_torch_stashed_in_its_cpp_thread_locals_befor
     (torch._dynamo.reset() does, from FSDPTestMultiThread's rank threads, once torch.cuda.is_available()). Left to the
     thread's C++ exit, dropping them needs the GIL, and aborted the process 1 run in 12 when the main thread was
     already finalizing; a thread started under the emulator drops them while it still holds the GIL."""
-    import weakref
-
     class Stashed:
         pass
 
