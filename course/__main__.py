@@ -6,11 +6,21 @@ its worker processes start the same emulated machine (see course/autostart.py).
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
 from course.cuda.emulator import emulate
 from course.machine.hardware import GPUS, LINKS
+
+
+def _as_python_runs_a_script(program: str) -> str:
+    """`python train.py` puts the script's folder first on sys.path (so `from model import Net` finds its sibling)
+    and gives __main__ an absolute __file__; `python -m course` put the working directory there instead."""
+    path = os.path.abspath(program)
+    if os.path.isfile(path) and not sys.flags.safe_path:
+        sys.path[0] = os.path.dirname(path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
             runpy.run_module(args.module[0], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(args.program)
-            runpy.run_path(args.program[0], run_name="__main__")
+            runpy.run_path(_as_python_runs_a_script(args.program[0]), run_name="__main__")
     finally:
         emu.stop()
 

@@ -68,8 +68,8 @@ def serve(mode: str) -> dict:
 
 
 def run(mode: str, argv: list[str], cwd: str | None) -> None:
-    """The program, as its command line would run it: `python PROGRAM` puts the program's folder first on sys.path,
-    `python -m course` the working directory."""
+    """The program, as its command line would run it: `python -m course` puts the working directory first on
+    sys.path, and then, as `python PROGRAM` does, the program's folder in its place."""
     program = os.path.abspath(argv[0])
     os.chdir(cwd or os.path.dirname(program))
     sys.path[0] = os.getcwd() if mode == "emulated" else os.path.dirname(program)
