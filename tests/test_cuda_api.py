@@ -234,11 +234,17 @@ def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
         made = torch.zeros(2)
         assert (made.device, made.dtype, made.type()) == (torch.device("cuda", 0), torch.float64,
                                                           "torch.cuda.DoubleTensor")
+        # the legacy constructor too (old SSD code: `torch.Tensor(mean).view(-1, 4)`), and what wraps it
+        legacy, listed = torch.Tensor(2, 3), nn.Parameter(torch.Tensor([1.0, 2.0]))
+        assert (legacy.device, legacy.dtype, legacy.shape) == (torch.device("cuda", 0), torch.float64, (2, 3))
+        assert (listed.device, listed.dtype, listed.cpu().tolist()) == (torch.device("cuda", 0), torch.float64,
+                                                                       [1.0, 2.0])
         with pytest.raises(TypeError, match="only floating-point types are supported as the default type"):
             torch.set_default_tensor_type(torch.cuda.IntTensor)
     finally:
         torch.set_default_tensor_type(saved)
     assert (torch.tensor(0.5).device, torch.get_default_dtype()) == (torch.device("cpu"), torch.float32)
+    assert torch.Tensor(2).device == torch.device("cpu")
 
 
 # -- random numbers ------------------------------------------------------------------------------------

@@ -212,6 +212,7 @@ class Emulator:
         self._mode = None
         autocast.uninstall()
         cuda_key_factories.uninstall()
+        legacy_types.host_by_default()
         profiling.stop_recordings(self)
         devices.active = self._outer
         environment.restore(self._env_before)

@@ -75,6 +75,17 @@ def _original_type(value):
 
 _set_default_tensor_type = torch.set_default_tensor_type
 _gpu_default = False  # whether a `torch.cuda.*Tensor` type made the GPU the default device
+_legacy_new = torch._C.TensorBase.__new__
+
+
+def _on_the_gpu_by_default(cls, *args, **kwargs):
+    """`torch.Tensor(2, 3)` or `torch.Tensor([1., 2.])` after a CUDA default tensor type: PyTorch's legacy
+    constructor makes it on the current GPU (old SSD and YOLO code relies on it); set_default_device does not
+    reach that constructor, so while such a type is the default it is this function."""
+    made = _legacy_new(cls, *args, **kwargs)
+    if cls is not torch.Tensor or "device" in kwargs or any(isinstance(arg, torch.Tensor) for arg in args):
+        return made
+    return made.to(torch.cuda.current_device())
 
 
 def set_default_tensor_type(t):
@@ -87,12 +98,20 @@ def set_default_tensor_type(t):
     if name.startswith("torch.cuda."):
         _set_default_tensor_type(_original_type(host_type))
         torch.set_default_device("cuda")
+        torch.Tensor.__new__ = staticmethod(_on_the_gpu_by_default)
         _gpu_default = True
         return
+    host_by_default()
+    _set_default_tensor_type(_original_type(host_type if isinstance(t, str) else t))
+
+
+def host_by_default() -> None:
+    """Undo what a CUDA default tensor type changed (also when the emulator stops), the default dtype aside."""
+    global _gpu_default
     if _gpu_default:
         torch.set_default_device(None)
+        del torch.Tensor.__new__
         _gpu_default = False
-    _set_default_tensor_type(_original_type(host_type if isinstance(t, str) else t))
 
 
 PATCHES = {**HOST_TYPES, "set_default_tensor_type": set_default_tensor_type}
