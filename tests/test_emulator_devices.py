@@ -1655,6 +1655,22 @@ def test_index_put_takes_host_indices_but_not_host_values(emu):
         x[idx] = values
 
 
+def test_index_put_backward_gives_cpu_torchs_gradients(emu):
+    """`out.index_put((rows,), values)` differentiates through zeros the autograd engine makes for the values (MoE
+    dispatch code): PyTorch's own host stand-ins, not a program's host values."""
+    def grads(device):
+        torch.manual_seed(0)
+        routed = torch.randn(6, 3, requires_grad=True)
+        moved = routed.to(device)
+        out = torch.zeros_like(moved)
+        for rows in ([0, 2], [5]):  # the second put's backward zeroes the first's rows in its gradient
+            rows = torch.tensor(rows, device=device)
+            out = out.index_put((rows,), moved[rows] * 2)
+        (out * torch.arange(3.0, device=device)).sum().backward()
+        return routed.grad
+    torch.testing.assert_close(grads("cuda:1"), grads("cpu"), rtol=0, atol=0)
+
+
 def _scalar_parameter_grads(device):
     torch.manual_seed(0)
     a, b = nn.Parameter(torch.tensor(0.5)), nn.Parameter(torch.tensor(-1.0))

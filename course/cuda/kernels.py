@@ -430,7 +430,7 @@ def run_kernel(emu, func, args, kwargs):
             if refusal is not None and not _from_torch_internals(True):  # DDP's reducer writes host stand-ins
                 raise refusal
             device, scratch = _common_device(func, tensors, args, kwargs)
-            if func in _PUT_OPS and device != CPU:
+            if func in _PUT_OPS and device != CPU and not _from_torch_internals():  # index_put's backward zeros
                 _check_put_values(args, kwargs, device)
             emulated = [t for t in tensors if isinstance(t, EmulatedTensor)]
             break
