@@ -1505,6 +1505,25 @@ def test_batch_norm_of_mixed_dtypes_stops_where_cuda_does(emu):
                                nn.BatchNorm2d(3).eval()(strided))
 
 
+def test_group_norm_of_half_activations_and_float_parameters_stops_as_cudas_kernel_does(emu):
+    """A float GroupNorm given half or bfloat16 activations: group_norm.cpp's mixed-type check lets it through with
+    float statistics, which CUDA's kernel writes as the input's type (group_norm_kernel.cu) and stops; the CPU's
+    mixed-type kernel computed. Under autocast (group_norm runs in float) and in one dtype it runs with the CPU's
+    values."""
+    torch.manual_seed(0)
+    norm, x = nn.GroupNorm(2, 4), torch.randn(3, 4, 5)
+    on_gpu = copy.deepcopy(norm).cuda()
+    for half, name in ((torch.float16, "Half"), (torch.bfloat16, "BFloat16")):
+        with pytest.raises(RuntimeError, match=f"expected scalar type {name} but found Float"):
+            on_gpu(x.to(half).cuda())
+        norm(x.to(half))  # the CPU computes it
+        torch.testing.assert_close(copy.deepcopy(on_gpu).to(half)(x.to(half).cuda()).cpu(),
+                                   copy.deepcopy(norm).to(half)(x.to(half)))
+        with torch.autocast("cuda", dtype=half):
+            out = on_gpu(x.to(half).cuda())
+        torch.testing.assert_close(out.cpu(), norm(x.to(half).float()))
+
+
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_wide_unsigned_products_and_bitwise_ops_raise_cudas_error(emu):
     """uint16, uint32 and uint64 on a GPU: CUDA's mul and bitwise kernels (BinaryMulKernel.cu,

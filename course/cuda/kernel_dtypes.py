@@ -118,8 +118,8 @@ def _same_types(*arguments) -> None:
     for pos, name, t in rest:
         if t.dtype != first.dtype:
             raise RuntimeError(
-                f"Expected tensor for argument #{first_pos} '{first_name}' to have the same type as tensor for argument "
-                f"#{pos} '{name}'; but type torch.cuda.{C10_NAMES[first.dtype]}Tensor does not equal "
+                f"Expected tensor for argument #{first_pos} '{first_name}' to have the same type as tensor for "
+                f"argument #{pos} '{name}'; but type torch.cuda.{C10_NAMES[first.dtype]}Tensor does not equal "
                 f"torch.cuda.{C10_NAMES[t.dtype]}Tensor (while checking arguments for cudnn_batch_norm)")
 
 
@@ -150,12 +150,24 @@ def _batch_norm_dtypes(args) -> None:
                                else f"Expected {name} to have type {C10_NAMES[acc]} but got {C10_NAMES[t.dtype]}")
 
 
+def _group_norm_dtypes(args) -> None:
+    """`native_group_norm(input, weight, bias, N, ...)` of half or bfloat16 activations with float parameters, which
+    group_norm.cpp's mixed-type check lets through and saves float statistics for: CUDA's GroupNormKernelImplInternal
+    (group_norm_kernel.cu) writes the statistics as the input's type (`mean.mutable_data_ptr<T>()`) and stops; the CPU's
+    kernel has a mixed-type path. Other mixes stop in the shared check, with the CPU's words on both."""
+    x, parameters, batch = args[0], [t for t in args[1:3] if isinstance(t, torch.Tensor)], args[3]
+    if x.dtype in _HALVES and parameters and all(t.dtype == torch.float32 for t in parameters) and batch:
+        raise RuntimeError(f"expected scalar type {C10_NAMES[x.dtype]} but found Float")
+
+
 def refusal(func):
     """For an op whose CUDA kernel lacks dtypes the CPU's has, what raises CUDA's error for them; None for the rest."""
     if func._overloadpacket is aten.native_layer_norm:
         return _layer_norm_dtypes
     if func._overloadpacket is aten.native_batch_norm:
         return _batch_norm_dtypes
+    if func._overloadpacket is aten.native_group_norm:
+        return _group_norm_dtypes
     entry = _REFUSED.get(func._overloadpacket)
     if entry is None:
         return None
