@@ -1525,11 +1525,12 @@ def test_group_norm_of_half_activations_and_float_parameters_stops_as_cudas_kern
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-def test_wide_unsigned_products_and_bitwise_ops_raise_cudas_error(emu):
+def test_wide_unsigned_and_float8_ops_cuda_lacks_raise_cudas_error(emu):
     """uint16, uint32 and uint64 on a GPU: CUDA's mul and bitwise kernels (BinaryMulKernel.cu,
     BinaryBitwiseOpsKernels.cu) list no unsigned type wider than a byte, where the CPU's add AT_BAREBONES_UNSIGNED_TYPES
-    and computed. Comparisons, copies, concatenation and sums, whose CUDA kernels take them, still run as on the CPU.
-    The dispatch error names c10's types (a complex32 matrix product's is 'ComplexHalf')."""
+    and computed; nor does CUDA's abs list float8 (AbsKernel.cu), so `torch.isfinite` of a float8_e5m2 tensor stops
+    too. Comparisons, copies, concatenation, sums and float8 `where`, whose CUDA kernels take them, still run as on the
+    CPU. The dispatch error names c10's types (a complex32 matrix product's is 'ComplexHalf')."""
     for dtype, name in ((torch.uint16, "UInt16"), (torch.uint32, "UInt32"), (torch.uint64, "UInt64")):
         a, b = torch.tensor([1, 5, 3], dtype=dtype), torch.tensor([2, 2, 9], dtype=dtype)
         for call, kernel in ((torch.mul, "mul_cuda"), (torch.bitwise_and, "bitwise_and_cuda"),
@@ -1539,6 +1540,14 @@ def test_wide_unsigned_products_and_bitwise_ops_raise_cudas_error(emu):
             call(a, b)  # the host's kernels are untouched
         for call in (torch.eq, lambda p, q: torch.cat([p, q]), lambda p, q: p.sum() + q.float().sum()):
             assert torch.equal(call(a.cuda(), b.cuda()).cpu(), call(a, b))
+    f8 = torch.tensor([0.5, -2.0, float("inf")]).to(torch.float8_e5m2)
+    for call in (torch.abs, torch.isfinite):
+        with pytest.raises(NotImplementedError, match="\"abs_cuda\" not implemented for 'Float8_e5m2'"):
+            call(f8.cuda())
+        call(f8)
+    mask, zeros = torch.tensor([True, False, True]), torch.zeros(3, dtype=torch.float8_e5m2)
+    kept = torch.where(mask.cuda(), f8.cuda(), zeros.cuda())
+    assert torch.equal(kept.cpu().view(torch.uint8), torch.where(mask, f8, zeros).view(torch.uint8))
     c = torch.randn(2, 2, dtype=torch.complex64).to(torch.complex32).cuda()
     with pytest.raises(NotImplementedError, match="\"addmm_cuda\" not implemented for 'ComplexHalf'"):
         c @ c

@@ -25,6 +25,7 @@ _INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.
 _HALVES = frozenset({torch.float16, torch.bfloat16})
 
 _UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
+_FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
 
 # c10's names for the scalar types (c10/core/ScalarType.h), as a dispatch error prints them.
 C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
@@ -71,6 +72,9 @@ _REFUSED = {
     aten.bitwise_or_: ("bitwise_or_cuda", _UNSIGNED, True),
     aten.bitwise_xor: ("bitwise_xor_cuda", _UNSIGNED, True),
     aten.bitwise_xor_: ("bitwise_xor_cuda", _UNSIGNED, True),
+    # AbsKernel.cu: no float8 (nor `torch.isfinite`, which takes abs); the CPU's abs has them
+    aten.abs: ("abs_cuda", _FLOAT8, False),
+    aten.abs_: ("abs_cuda", _FLOAT8, False),
 }
 
 
