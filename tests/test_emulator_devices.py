@@ -1,6 +1,7 @@
 """Ordinary CUDA PyTorch code runs unchanged under course.emulate and agrees with plain CPU PyTorch."""
 import copy
 import io
+import re
 import threading
 
 import numpy
@@ -1474,6 +1475,94 @@ def test_layer_norm_of_mixed_dtypes_stops_as_cudas_kernel_does(emu):
     with torch.autocast("cuda", dtype=torch.float16):
         out = on_gpu(x.cuda().half())
     torch.testing.assert_close(out.cpu(), norm(x.half().float()))
+
+
+def test_batch_norm_of_mixed_dtypes_stops_where_cuda_does(emu):
+    """BatchNorm with parameters of another dtype than its input. The emulator computed every mix in float; a GPU
+    takes only its input's dtype or the input's accumulate type (float) for the weight (Normalization.cpp's
+    `_select_batch_norm_backend` picks cuDNN, whose `cudnn_batch_norm` checks the types; cuda/Normalization.cuh's
+    accessors and `const_data_ptr` check the rest), and the CPU, which also refuses these, says "mixed dtype (CPU)".
+    Half activations into a float BatchNorm (autocast's case), half running statistics without affine parameters,
+    and a strided input (a TensorIterator casts it) run, with plain CPU torch's values in float."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, generator=gen)
+    refused = [(nn.BatchNorm2d(3).half(), x, "Expected tensor for argument #1 'input' to have the same type as tensor "
+                "for argument #2 'weight'; but type torch.cuda.FloatTensor does not equal torch.cuda.HalfTensor"),
+               (nn.BatchNorm2d(3).bfloat16(), x, "Expected weight to have type Float but got BFloat16"),
+               (nn.BatchNorm1d(3).half(), x[:, :, 0, 0], "expected scalar type Float but found Half"),
+               (nn.BatchNorm2d(3).bfloat16(), x.half(), "Expected weight to have type Float but got BFloat16")]
+    for module, batch, words in refused:
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            module.cuda()(batch.cuda())
+    norm = nn.BatchNorm2d(3)
+    torch.testing.assert_close(copy.deepcopy(norm).cuda()(x.half().cuda()).cpu(), norm(x.half()))
+    plain = nn.BatchNorm2d(3, affine=False)
+    on_gpu = copy.deepcopy(plain).half().cuda()
+    torch.testing.assert_close(on_gpu(x.cuda()).cpu(), plain(x))
+    torch.testing.assert_close(on_gpu.running_var.cpu(), plain.running_var.half())
+    strided = x.transpose(2, 3)
+    torch.testing.assert_close(nn.BatchNorm2d(3).bfloat16().eval().cuda()(strided.cuda()).cpu(),
+                               nn.BatchNorm2d(3).eval()(strided))
+
+
+def test_group_norm_of_half_activations_and_float_parameters_stops_as_cudas_kernel_does(emu):
+    """A float GroupNorm given half or bfloat16 activations: group_norm.cpp's mixed-type check lets it through with
+    float statistics, which CUDA's kernel writes as the input's type (group_norm_kernel.cu) and stops; the CPU's
+    mixed-type kernel computed. Under autocast (group_norm runs in float) and in one dtype it runs with the CPU's
+    values."""
+    torch.manual_seed(0)
+    norm, x = nn.GroupNorm(2, 4), torch.randn(3, 4, 5)
+    on_gpu = copy.deepcopy(norm).cuda()
+    for half, name in ((torch.float16, "Half"), (torch.bfloat16, "BFloat16")):
+        with pytest.raises(RuntimeError, match=f"expected scalar type {name} but found Float"):
+            on_gpu(x.to(half).cuda())
+        norm(x.to(half))  # the CPU computes it
+        torch.testing.assert_close(copy.deepcopy(on_gpu).to(half)(x.to(half).cuda()).cpu(),
+                                   copy.deepcopy(norm).to(half)(x.to(half)))
+        with torch.autocast("cuda", dtype=half):
+            out = on_gpu(x.to(half).cuda())
+        torch.testing.assert_close(out.cpu(), norm(x.to(half).float()))
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_wide_unsigned_and_float8_ops_cuda_lacks_raise_cudas_error(emu):
+    """uint16, uint32 and uint64 on a GPU: CUDA's mul and bitwise kernels (BinaryMulKernel.cu,
+    BinaryBitwiseOpsKernels.cu) list no unsigned type wider than a byte, where the CPU's add AT_BAREBONES_UNSIGNED_TYPES
+    and computed; nor does CUDA's abs list float8 (AbsKernel.cu), so `torch.isfinite` of a float8_e5m2 tensor stops
+    too. Comparisons, copies, concatenation, sums and float8 `where`, whose CUDA kernels take them, still run as on the
+    CPU. The dispatch error names c10's types (a complex32 matrix product's is 'ComplexHalf')."""
+    for dtype, name in ((torch.uint16, "UInt16"), (torch.uint32, "UInt32"), (torch.uint64, "UInt64")):
+        a, b = torch.tensor([1, 5, 3], dtype=dtype), torch.tensor([2, 2, 9], dtype=dtype)
+        for call, kernel in ((torch.mul, "mul_cuda"), (torch.bitwise_and, "bitwise_and_cuda"),
+                             (torch.bitwise_or, "bitwise_or_cuda"), (torch.bitwise_xor, "bitwise_xor_cuda")):
+            with pytest.raises(NotImplementedError, match=f'"{kernel}" not implemented for \'{name}\''):
+                call(a.cuda(), b.cuda())
+            call(a, b)  # the host's kernels are untouched
+        for call in (torch.eq, lambda p, q: torch.cat([p, q]), lambda p, q: p.sum() + q.float().sum()):
+            assert torch.equal(call(a.cuda(), b.cuda()).cpu(), call(a, b))
+    f8 = torch.tensor([0.5, -2.0, float("inf")]).to(torch.float8_e5m2)
+    for call in (torch.abs, torch.isfinite):
+        with pytest.raises(NotImplementedError, match="\"abs_cuda\" not implemented for 'Float8_e5m2'"):
+            call(f8.cuda())
+        call(f8)
+    mask, zeros = torch.tensor([True, False, True]), torch.zeros(3, dtype=torch.float8_e5m2)
+    kept = torch.where(mask.cuda(), f8.cuda(), zeros.cuda())
+    assert torch.equal(kept.cpu().view(torch.uint8), torch.where(mask, f8, zeros).view(torch.uint8))
+    c = torch.randn(2, 2, dtype=torch.complex64).to(torch.complex32).cuda()
+    with pytest.raises(NotImplementedError, match="\"addmm_cuda\" not implemented for 'ComplexHalf'"):
+        c @ c
+
+
+def test_half_products_multiply_in_float_as_cudas_reduction_does(emu):
+    """`prod` of half and bfloat16 tensors: CUDA's reduction multiplies in float and rounds once
+    (ReduceSumProdKernel.cu's reduce_dispatch), the CPU's rounds after every factor (bfloat16 100 factors near 1:
+    1.609 on the CPU, 1.688 on a GPU); a `dtype=` computes in that dtype on both."""
+    x = torch.rand(100, generator=torch.Generator().manual_seed(0)) * 0.01 + 1
+    for half in (torch.float16, torch.bfloat16):
+        h = x.to(half)
+        assert torch.equal(h.cuda().prod().cpu(), h.float().prod().to(half))
+        assert torch.equal(h.view(4, 25).cuda().prod(1).cpu(), h.view(4, 25).float().prod(1).to(half))
+        assert torch.equal(h.cuda().prod(dtype=torch.float32).cpu(), h.prod(dtype=torch.float32))
 
 
 def _lazy_net():

@@ -1,6 +1,7 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
 import copy
 import queue
+import re
 import threading
 import warnings
 import weakref
@@ -1048,7 +1049,11 @@ def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
         (c, sc) = _float8((32, 24))
         with pytest.raises(RuntimeError, match=r"trailing dimension of mat1 to be divisible by 16"):
             torch._scaled_mm(c.cuda(), b.cuda()[:, :24].t(), scale_a=sc.cuda(), scale_b=sb.cuda())
-    torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes it
+        row_major = b.t().contiguous()  # cublasCommonArgs's layouts (Blas.cpp): mat2 must be column-major
+        with pytest.raises(RuntimeError, match="Only multiplication of row-major and column-major matrices"):
+            torch._scaled_mm(a.cuda(), row_major.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda(), out_dtype=torch.float32)
+    torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes them
+    torch._scaled_mm(a, row_major, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
 
 
 def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
@@ -1270,6 +1275,34 @@ def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
         warnings.simplefilter("ignore")
         with pytest.raises(RuntimeError, match="No available kernel"):
             torch.nn.functional.scaled_dot_product_attention(*(q32.half().cuda(),) * 3)
+
+
+def test_sdpa_checks_heads_and_dtypes_before_its_fused_kernel_as_cuda_does(emu):
+    """Grouped key/value heads without `enable_gqa`, and mixed dtypes, ran through the emulator's fused CPU op; a GPU
+    stops in `validate_sdpa_input` (mixed dtypes) or, its fused kernels refusing unequal heads
+    (`check_batch_size_and_num_heads_dense`, sdp_utils_cpp.h), in the math fallback: plain CPU torch's errors. A
+    single key/value head broadcasts there as on the CPU. With `enable_gqa`, flash takes the groups; the
+    memory-efficient kernel never does, so with only it enabled a GPU finds no kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    torch.manual_seed(0)
+    q, kv, kv1 = torch.randn(2, 8, 16, 64), torch.randn(2, 2, 16, 64), torch.randn(2, 1, 16, 64)
+    for args in ((q, kv, kv), (q.half(), q, q), (q, kv, kv.repeat(1, 2, 1, 1))):
+        with pytest.raises(RuntimeError) as on_cpu:
+            sdpa(*args)
+        with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
+            sdpa(*(t.cuda() for t in args))
+    torch.testing.assert_close(sdpa(q.cuda(), kv1.cuda(), kv1.cuda()).cpu(), sdpa(q, kv1, kv1))
+    grouped = sdpa(q, kv, kv, enable_gqa=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        got = sdpa(q.half().cuda(), kv.half().cuda(), kv.half().cuda(), enable_gqa=True)
+    torch.testing.assert_close(got.float().cpu(), grouped, atol=1e-2, rtol=1e-2)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="No available kernel. Aborting execution."):
+            sdpa(q.cuda(), kv.cuda(), kv.cuda(), enable_gqa=True)
+    assert any("both fused kernels require query, key and value to have the same num_heads" in str(w.message)
+               for w in said)
 
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):

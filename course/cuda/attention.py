@@ -130,6 +130,17 @@ def _jagged_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
         max_seqlen=query._maybe_max_seqlen).transpose(1, 2)
 
 
+def _fused_takes(query, key, value, enable_gqa) -> bool:
+    """Whether CUDA would reach a fused kernel: `validate_sdpa_input` (sdp_utils_cpp.h) first wants one dtype (CUDA
+    autocast makes it one), and the fused kernels' `check_batch_size_and_num_heads_dense` (sdp_utils.cpp) want as many
+    key and value heads as query heads, or, with `enable_gqa`, a number of them dividing the query's; otherwise a GPU
+    stops, or runs its math fallback."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    same_dtype = query.dtype == key.dtype == value.dtype or torch.is_autocast_enabled("cuda")
+    grouped = enable_gqa and kv_heads == value.shape[1] and heads % kv_heads == 0
+    return same_dtype and (kv_heads == value.shape[1] == heads or grouped)
+
+
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                   enable_gqa=False):
     """SDPA as one fused kernel where CUDA would run one; PyTorch's own path everywhere else.
@@ -142,11 +153,13 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     on_gpu = _on_emulated_gpu(query, key, value)
     if on_gpu and not query.is_nested and query.dim() == 4:  # stops where a GPU finds no kernel (math turned off)
         sdpa_backends.check(current_emulator("F.scaled_dot_product_attention").gpu.compute_capability, query, key,
-                            value, attn_mask, dropout_p, is_causal)
+                            value, attn_mask, dropout_p, is_causal, enable_gqa)
     if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
                                                                                 -float("inf"))
     fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
+    if fused and not _fused_takes(query, key, value, enable_gqa):
+        fused = False  # PyTorch's path raises what a GPU raises, or broadcasts a single key/value head as its math does
     if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
         return _SDPA(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,

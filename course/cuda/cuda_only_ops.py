@@ -119,6 +119,10 @@ def scaled_mm(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dt
             raise RuntimeError(f"mat2 shape ({mat2.size(0)}x{mat2.size(1)}) must be divisible by 16")
         if mat1.dtype == mat2.dtype == torch.float8_e5m2:
             raise ValueError("Multiplication of two Float8_e5m2 matrices is not supported")
+        # cublasCommonArgs's layouts: mat1 row-major (transa 't') and mat2 column-major (transb 'n') only
+        if not (mat1.stride(1) == 1 and mat1.stride(0) >= max(1, mat1.size(1))
+                and mat2.stride(0) == 1 and mat2.stride(1) >= max(1, mat2.size(0))):
+            raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
     return aten._scaled_mm.default(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
 
 

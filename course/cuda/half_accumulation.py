@@ -5,10 +5,10 @@ growing there; an embedding row looked up 5000 times gets 5000 on a GPU and 2048
 in `acc_type<scalar_t, true>` (float) and round once: layer_norm_kernel.cu (GammaBetaBackward, T_ACC; LayerNorm and
 BatchNorm also save their mean and inverse deviation in float), group_norm_kernel.cu, cuDNN's batch norm, Embedding.cu
 and EmbeddingBackwardKernel.cu (the sorted segment sums; `mode="max"` bags add with atomics, in the tensor's dtype, as
-the CPU does), and Indexing.cu's `index_put_(accumulate=True)` (the backward of `x[idx]`) when the rows it adds are at
-most a warp (32 elements) wide; wider rows take a kernel that rounds after every addition, as the CPU does. The
-emulator runs the CPU's float kernels on the inputs widened to float and rounds each result to the dtype of the tensor
-it belongs to.
+the CPU does), ReduceSumProdKernel.cu's `prod`, and Indexing.cu's `index_put_(accumulate=True)` (the backward of
+`x[idx]`) when the rows it adds are at most a warp (32 elements) wide; wider rows take a kernel that rounds after every
+addition, as the CPU does. The emulator runs the CPU's float kernels on the inputs widened to float and rounds each
+result to the dtype of the tensor it belongs to.
 """
 from __future__ import annotations
 
@@ -38,6 +38,17 @@ def _in_float(op, sources, writes=(), skip=None):
             return out.to(args[sources[0]].dtype)
         return tuple(o if s is None or o is None or not o.is_floating_point() else o.to(args[s].dtype)
                      for o, s in zip(out, sources))
+    return kernel
+
+
+def _product_in_float(op):
+    """`prod`, whose CUDA kernel (ReduceSumProdKernel.cu's `reduce_dispatch`) multiplies half and bfloat16 in float and
+    rounds once; the CPU's multiplies in the tensor's dtype (0.5% off for 100 factors near 1 in bfloat16). A `dtype=`
+    other than the input's already computes in that dtype on both."""
+    def kernel(x, *args, **kwargs):
+        if x.dtype not in _HALVES or kwargs.get("dtype") not in (None, x.dtype):
+            return op(x, *args, **kwargs)
+        return op(x.float(), *args, **{**kwargs, "dtype": None}).to(x.dtype)
     return kernel
 
 
@@ -87,6 +98,8 @@ KERNELS = {
     # (grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask); CUDA saves group norm's statistics in
     # the input's dtype (group_norm.cpp), as the CPU does, so only its backward's sums differ
     aten.native_group_norm_backward.default: _in_float(aten.native_group_norm_backward.default, (1, 4, 4)),
+    aten.prod.default: _product_in_float(aten.prod.default),
+    aten.prod.dim_int: _product_in_float(aten.prod.dim_int),
     aten.embedding_dense_backward.default: _in_float(aten.embedding_dense_backward.default, (0,)),
     # (grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse,
     # per_sample_weights, padding_idx): dense sum and mean bags

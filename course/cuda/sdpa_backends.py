@@ -25,7 +25,29 @@ def _head_dims(query, key, value):
     return query.shape[-1], key.shape[-1], value.shape[-1]
 
 
-def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal) -> str | None:
+def _heads_refusal(query, key, value, gqa) -> str | None:
+    """`check_batch_size_and_num_heads_dense` (sdp_utils_cpp.h): one batch size, and one number of heads unless the
+    kernel takes grouped-query attention (flash and cuDNN do with `enable_gqa`, the memory-efficient kernel never)."""
+    q, k, v = (list(t.shape) for t in (query, key, value))
+    broadcast = (" instead. To broadcast dense inputs, try using unsqueeze and expand_to before passing them into the "
+                 "kernel.")
+    if not q[0] == k[0] == v[0]:
+        return ("For dense inputs, both fused kernels require query, key and value to have the same batch_size. "
+                f"Query.sizes(): {q}, Key.sizes(): {k}, Value.sizes(): {v}" + broadcast)
+    if gqa and k[-3] != v[-3]:
+        return ("Both fused kernels require key and value to have the same num_heads and batch_size but got: Key "
+                f"sizes: {k}, Value sizes: {v}, Query sizes: {q} instead.")
+    if gqa and q[-3] % k[-3]:
+        return ("The number of heads in key/value must divide number of heads in query.Got input Key sizes(): "
+                f"{k[-3]}, Value sizes(): {v[-3]}, Query sizes(): {q[-3]} instead.")
+    if not gqa and not q[-3] == k[-3] == v[-3]:
+        return ("For dense input, both fused kernels require query, key and value to have the same num_heads. "
+                f"Query.sizes(): {q}, Key sizes(): {k}, Value sizes(): {v}" + broadcast)
+    return None
+
+
+def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal,
+                   gqa=False) -> str | None:
     dq, dk, dv = _head_dims(query, key, value)
     if attn_mask is not None:
         return "Flash Attention does not support non-null attn_mask."
@@ -44,7 +66,7 @@ def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causa
         return (f"Flash attention does not support the is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: "
                 f"{query.shape[-2]} seqlen_k: {key.shape[-2]}.")
     allowed = LOW_PRECISION if cc >= (8, 0) else (torch.float16,)
-    return _dtype_refusal(dtypes, allowed)
+    return _dtype_refusal(dtypes, allowed) or _heads_refusal(query, key, value, gqa)
 
 
 def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
@@ -62,10 +84,10 @@ def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
         return ("Mem efficient attention on sm80 or newer requires q, k, and v storage offsets * element_size to be "
                 f"aligned to {alignment * torch.finfo(dtypes[0]).bits // 8} bytes.")
     allowed = (torch.float16, torch.float32, torch.bfloat16) if cc >= (8, 0) else (torch.float16, torch.float32)
-    return _dtype_refusal(dtypes, allowed)
+    return _heads_refusal(query, key, value, False) or _dtype_refusal(dtypes, allowed)
 
 
-def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p) -> str | None:
+def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, gqa=False) -> str | None:
     if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
         return "cuDNN SDPA is not deterministic."
     refused = _dtype_refusal(dtypes, LOW_PRECISION)
@@ -84,7 +106,7 @@ def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p) -> str | None:
         return "head_dim should be a multiple of 8"
     if key.shape[-2] == 1:
         return "cudnn SDPA does not support key/value sequence length 1."
-    return None
+    return _heads_refusal(query, key, value, gqa)
 
 
 def _dtype_refusal(dtypes, allowed) -> str | None:
@@ -119,7 +141,7 @@ def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal) -> str:
     return "cudnn"
 
 
-def check(cc, query, key, value, attn_mask, dropout_p, is_causal) -> None:
+def check(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=False) -> None:
     """Stop as a GPU stops when math attention is off and no enabled fused kernel takes the call (nothing to do
     while the math fallback is on, PyTorch's default)."""
     backends = torch.backends.cuda
@@ -135,9 +157,9 @@ def check(cc, query, key, value, attn_mask, dropout_p, is_causal) -> None:
         "mem": "Memory Efficient attention has been runtime disabled." if not enabled["mem"] else
         _mem_efficient_refusal(cc, dtypes, query, key, value),
         "flash": "Flash attention has been runtime disabled." if not enabled["flash"] else
-        _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal),
+        _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa),
         "cudnn": "CuDNN attention has been runtime disabled." if not enabled["cudnn"] else
-        _cudnn_refusal(cc, dtypes, query, key, value, dropout_p),
+        _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, enable_gqa),
     }
     if any(reason is None for reason in refusals.values()):
         return
