@@ -26,13 +26,18 @@ _HALVES = frozenset({torch.float16, torch.bfloat16})
 
 # c10's names for the scalar types (c10/core/ScalarType.h), as a dispatch error prints them.
 C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-             torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16"}
+             torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+             torch.float64: "Double"}
+
+
+def c10_name(dtype: torch.dtype) -> str:
+    """How ATen's messages print a dtype ("Half", "Float")."""
+    return C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
 
 
 def not_implemented(kernel: str, dtype: torch.dtype) -> NotImplementedError:
     """The error an AT_DISPATCH macro raises for a dtype it does not list (here and in blas_dtypes.py)."""
-    name = C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
-    return NotImplementedError(f'"{kernel}" not implemented for \'{name}\'')
+    return NotImplementedError(f'"{kernel}" not implemented for \'{c10_name(dtype)}\'')
 
 # op: (the CUDA kernel's dispatch name, dtypes it lacks, whether the dtype is the inputs' common one or the first's)
 _REFUSED = {
