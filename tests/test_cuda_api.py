@@ -196,6 +196,35 @@ def test_set_stream_device_of_and_events(emu):
         torch.cuda.synchronize("cpu")
 
 
+def test_streams_and_events_by_handle_and_id(emu):
+    """A stream named by its id (`torch.cuda.Stream(stream_id=...)`) or its handle (`ExternalStream`, the
+    `__cuda_stream__` protocol) is that stream, so work put on it queues behind the original's; events get a handle
+    on first record and are `torch.Event`s; an out-of-range index asks c10's stream check, timing checks are
+    ValueErrors."""
+    side = torch.Stream("cuda")
+    same = torch.cuda.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    assert same == side and torch.cuda.ExternalStream(same.cuda_stream) == side
+    assert same.__cuda_stream__() == (0, same.cuda_stream)
+    a = torch.randn(256, 256, device="cuda")
+    with torch.cuda.stream(side):
+        a @ a
+    assert not same.query()  # the matmul queued on side is the work `same` sees
+    same.synchronize()
+    assert side.query()
+    event = torch.cuda.Event(enable_timing=True)
+    assert isinstance(event, torch.Event) and event.cuda_event == event.event_id == 0
+    event.record()
+    assert event.cuda_event == event.event_id != 0
+    with pytest.raises(ValueError, match="Both events must be recorded"):
+        event.elapsed_time(torch.cuda.Event(enable_timing=True))
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        event.elapsed_time(torch.cuda.Event())
+    with pytest.raises(RuntimeError, match=r"Device index value 4 is out of index range \[0, 4\)"):
+        torch.cuda.current_stream(4)
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        torch.cuda.set_device(4)
+
+
 # -- tensors -------------------------------------------------------------------------------------------
 def test_new_and_legacy_constructors_land_on_the_gpu(emu):
     x = torch.ones(3, device="cuda:1", dtype=torch.float64)
