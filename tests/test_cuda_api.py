@@ -142,6 +142,16 @@ def test_raw_allocations_are_counted_until_deleted(emu):
         torch.cuda.caching_allocator_delete(ptr)
 
 
+def test_clearing_cublas_workspaces_frees_nothing(emu):
+    """torch._C._cuda_clearCublasWorkspaces, which PyTorch's test harness calls before every CUDA memory-leak check
+    (CudaMemoryLeakCheck), raised "not modelled": no cuBLAS workspace is modelled, so it frees nothing."""
+    x = torch.randn(64, 64, device="cuda:1")
+    x @ x
+    before = torch.cuda.memory_allocated(1)
+    torch._C._cuda_clearCublasWorkspaces()
+    assert torch.cuda.memory_allocated(1) == before
+
+
 def test_unmodelled_allocator_calls_name_themselves(emu):
     with pytest.raises(RuntimeError, match=r"torch.cuda.memory.host_memory_stats .*not modelled"):
         torch.cuda.host_memory_stats()
