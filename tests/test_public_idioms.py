@@ -1324,6 +1324,26 @@ def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
             torch.nn.functional.scaled_dot_product_attention(*(q32.half().cuda(),) * 3)
 
 
+def test_sdpa_takes_empty_sequences_and_broadcast_batches_to_math_as_a_gpu_does(emu):
+    """A zero-length sequence killed the process with SIGFPE (the CPU's fused kernel divides by it) and a broadcast
+    batch failed in the FLOP count: a GPU's fused kernels refuse both (sdp_utils_cpp.h) and math attention computes
+    them, as plain CPU torch does; with math off they stop with the fused kernels' own warnings, as do 3-D inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    empty, full, one = torch.rand(2, 2, 0, 8), torch.rand(2, 2, 3, 8), torch.rand(1, 2, 3, 8)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert sdpa(empty.cuda(), empty.cuda(), empty.cuda()).shape == (2, 2, 0, 8)
+    torch.testing.assert_close(sdpa(one.cuda(), full.cuda(), full.cuda()).cpu(), sdpa(one, full, full))
+    for inputs, reason in (((empty,) * 3, "All fused kernels do not support zero seq_len_q or seq_len_kv."),
+                           ((one, full, full), "require query, key and value to have the same batch_size"),
+                           ((full[0],) * 3, "All fused kernels requires query, key and value to be 4 dimensional")):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with pytest.raises(RuntimeError, match="No available kernel"):
+                sdpa(*(t.half().cuda() for t in inputs))
+        assert any(reason in str(w.message) for w in said), [str(w.message) for w in said]
+
+
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
     """torch.cuda.set_sync_debug_mode: 'warn' warns with PyTorch's words at blocking copies, .item(), a stream's
     synchronize, nonzero, boolean-mask indexing and assignment, repeat_interleave without output_size (sized by

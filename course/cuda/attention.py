@@ -140,13 +140,16 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     Dropout (the CPU fused op has none), nested tensors and a math-only backend take PyTorch's path.
     """
     on_gpu = _on_emulated_gpu(query, key, value)
-    if on_gpu and not query.is_nested and query.dim() == 4:  # stops where a GPU finds no kernel (math turned off)
+    if on_gpu and not query.is_nested:  # stops where a GPU finds no kernel (math turned off)
         sdpa_backends.check(current_emulator("F.scaled_dot_product_attention").gpu.compute_capability, query, key,
                             value, attn_mask, dropout_p, is_causal)
     if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
                                                                                 -float("inf"))
-    fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
+    # a GPU takes broadcast batches or heads, and empty sequences, to math attention; the CPU's fused kernel would
+    # refuse the first and die of SIGFPE on the second
+    fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4 \
+        and sdpa_backends.sizes_fit_fused(query, key, value, enable_gqa)
     if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
         return _SDPA(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
