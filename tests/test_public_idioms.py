@@ -1327,7 +1327,8 @@ def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
 def test_sdpa_takes_empty_sequences_and_broadcast_batches_to_math_as_a_gpu_does(emu):
     """A zero-length sequence killed the process with SIGFPE (the CPU's fused kernel divides by it) and a broadcast
     batch failed in the FLOP count: a GPU's fused kernels refuse both (sdp_utils_cpp.h) and math attention computes
-    them, as plain CPU torch does; with math off they stop with the fused kernels' own warnings, as do 3-D inputs."""
+    them, as plain CPU torch does; with math off they stop with the fused kernels' own warnings, as do 3-D inputs, and
+    what cuDNN alone takes (head sizes that differ) is computed, where the CPU's SDPA found no backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.manual_seed(0)
     empty, full, one = torch.rand(2, 2, 0, 8), torch.rand(2, 2, 3, 8), torch.rand(1, 2, 3, 8)
@@ -1342,6 +1343,10 @@ def test_sdpa_takes_empty_sequences_and_broadcast_batches_to_math_as_a_gpu_does(
             with pytest.raises(RuntimeError, match="No available kernel"):
                 sdpa(*(t.half().cuda() for t in inputs))
         assert any(reason in str(w.message) for w in said), [str(w.message) for w in said]
+    q, v = torch.rand(1, 2, 8, 16, dtype=torch.bfloat16), torch.rand(1, 2, 8, 8, dtype=torch.bfloat16)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):  # cuDNN takes key and value head sizes that differ; the CPU not
+        got = sdpa(q.cuda(), q.cuda(), v.cuda())
+    assert torch.equal(got.cpu(), sdpa(q, q, v))
 
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):
