@@ -142,6 +142,20 @@ def test_raw_allocations_are_counted_until_deleted(emu):
         torch.cuda.caching_allocator_delete(ptr)
 
 
+def test_cuda_profiler_ranges_and_check_error_run_on_the_emulated_runtime(emu):
+    """torch.cuda.profiler.profile() (Nsight Systems' capture range) raised "not modelled" at torch.cuda.cudart():
+    with no profiler attached CUDA answers success; check_error raises CudaError with CUDA's string; other runtime
+    calls are refused by name."""
+    with torch.cuda.profiler.profile():
+        torch.ones(4, device="cuda").sum()
+    torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStart())
+    assert [e.name for e in emu.trace if e.kind == "nvtx"].count("cudaProfilerStart") == 2  # profile()'s and this
+    with pytest.raises(torch.cuda.CudaError, match=r"out of memory \(2\)"):
+        torch.cuda.check_error(2)
+    with pytest.raises(RuntimeError, match=r"cudart\(\).cudaHostRegister is not modelled"):
+        torch.cuda.cudart().cudaHostRegister(0, 0, 0)
+
+
 def test_clearing_cublas_workspaces_frees_nothing(emu):
     """torch._C._cuda_clearCublasWorkspaces, which PyTorch's test harness calls before every CUDA memory-leak check
     (CudaMemoryLeakCheck), raised "not modelled": no cuBLAS workspace is modelled, so it frees nothing."""

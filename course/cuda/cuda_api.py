@@ -16,8 +16,8 @@ import warnings
 
 import torch
 
-from course.cuda import (cuda_bindings, device_properties, exporting, fake_cache, graphs, nested_jagged, rng, sharing,
-                         sync_debug, torchscript, wall_clock)
+from course.cuda import (cuda_bindings, cuda_runtime, device_properties, exporting, fake_cache, graphs, nested_jagged,
+                         rng, sharing, sync_debug, torchscript, wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -393,7 +393,9 @@ def _lazy_init() -> None:
     """Where torch.cuda's own functions start; any that get here are not modelled, and are named. PyTorch's Python
     bindings call it too, before a factory with a CUDA device runs where the emulator's mode is off (inside a
     program's `__torch_dispatch__`): that factory is modelled (course/cuda/cuda_key_factories.py)."""
-    if not sys._getframe(1).f_globals.get("__name__", "").startswith(("torch.cuda", "torch.multiprocessing")):
+    caller = sys._getframe(1)
+    if not caller.f_globals.get("__name__", "").startswith(("torch.cuda", "torch.multiprocessing")) \
+            or caller.f_code.co_name == "cudart":  # the runtime module it returns is the emulator's (cuda_runtime.py)
         return
     raise not_modelled(cuda_bindings.caller_in_torch(),
                        "it models devices, streams, events, synchronize, memory statistics and random "
@@ -621,6 +623,7 @@ PATCHES = {
     "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
     "is_current_stream_capturing": graphs.is_current_stream_capturing,
     "_lazy_init": _lazy_init,
+    "_cudart": cuda_runtime.RUNTIME,
     "CUDAGraph": graphs.CUDAGraph,
     "graph_pool_handle": graphs.graph_pool_handle,
     "ExternalStream": ExternalStream,
