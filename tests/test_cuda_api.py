@@ -142,6 +142,30 @@ def test_raw_allocations_are_counted_until_deleted(emu):
         torch.cuda.caching_allocator_delete(ptr)
 
 
+def test_cuda_profiler_ranges_and_check_error_run_on_the_emulated_runtime(emu):
+    """torch.cuda.profiler.profile() (Nsight Systems' capture range) raised "not modelled" at torch.cuda.cudart():
+    with no profiler attached CUDA answers success; check_error raises CudaError with CUDA's string; other runtime
+    calls are refused by name."""
+    with torch.cuda.profiler.profile():
+        torch.ones(4, device="cuda").sum()
+    torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStart())
+    assert [e.name for e in emu.trace if e.kind == "nvtx"].count("cudaProfilerStart") == 2  # profile()'s and this
+    with pytest.raises(torch.cuda.CudaError, match=r"out of memory \(2\)"):
+        torch.cuda.check_error(2)
+    with pytest.raises(RuntimeError, match=r"cudart\(\).cudaHostRegister is not modelled"):
+        torch.cuda.cudart().cudaHostRegister(0, 0, 0)
+
+
+def test_clearing_cublas_workspaces_frees_nothing(emu):
+    """torch._C._cuda_clearCublasWorkspaces, which PyTorch's test harness calls before every CUDA memory-leak check
+    (CudaMemoryLeakCheck), raised "not modelled": no cuBLAS workspace is modelled, so it frees nothing."""
+    x = torch.randn(64, 64, device="cuda:1")
+    x @ x
+    before = torch.cuda.memory_allocated(1)
+    torch._C._cuda_clearCublasWorkspaces()
+    assert torch.cuda.memory_allocated(1) == before
+
+
 def test_unmodelled_allocator_calls_name_themselves(emu):
     with pytest.raises(RuntimeError, match=r"torch.cuda.memory.host_memory_stats .*not modelled"):
         torch.cuda.host_memory_stats()
@@ -194,6 +218,35 @@ def test_set_stream_device_of_and_events(emu):
     assert torch.cuda.Stream(priority=-10).priority == -3
     with pytest.raises(ValueError, match="Expected a cuda device, but got: cpu"):
         torch.cuda.synchronize("cpu")
+
+
+def test_streams_and_events_by_handle_and_id(emu):
+    """A stream named by its id (`torch.cuda.Stream(stream_id=...)`) or its handle (`ExternalStream`, the
+    `__cuda_stream__` protocol) is that stream, so work put on it queues behind the original's; events get a handle
+    on first record and are `torch.Event`s; an out-of-range index asks c10's stream check, timing checks are
+    ValueErrors."""
+    side = torch.Stream("cuda")
+    same = torch.cuda.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    assert same == side and torch.cuda.ExternalStream(same.cuda_stream) == side
+    assert same.__cuda_stream__() == (0, same.cuda_stream)
+    a = torch.randn(256, 256, device="cuda")
+    with torch.cuda.stream(side):
+        a @ a
+    assert not same.query()  # the matmul queued on side is the work `same` sees
+    same.synchronize()
+    assert side.query()
+    event = torch.cuda.Event(enable_timing=True)
+    assert isinstance(event, torch.Event) and event.cuda_event == event.event_id == 0
+    event.record()
+    assert event.cuda_event == event.event_id != 0
+    with pytest.raises(ValueError, match="Both events must be recorded"):
+        event.elapsed_time(torch.cuda.Event(enable_timing=True))
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        event.elapsed_time(torch.cuda.Event())
+    with pytest.raises(RuntimeError, match=r"Device index value 4 is out of index range \[0, 4\)"):
+        torch.cuda.current_stream(4)
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        torch.cuda.set_device(4)
 
 
 # -- tensors -------------------------------------------------------------------------------------------

@@ -1306,8 +1306,8 @@ def test_steps_aside_when_torch_sees_real_gpus(monkeypatch):
 
 
 def test_unsupported_torch_cuda_calls_name_the_emulator(emu):
-    with pytest.raises(RuntimeError, match="torch.cuda.cudart is not modelled by the GPU emulator"):
-        torch.cuda.cudart()
+    with pytest.raises(RuntimeError, match="torch.cuda.current_blas_handle is not modelled by the GPU emulator"):
+        torch.cuda.current_blas_handle()
 
 
 def test_seed_000_sharded_matmul_runs_unchanged():

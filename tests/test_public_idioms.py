@@ -1067,6 +1067,58 @@ def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
     assert torch._int_mm(a[:8], b).shape == (8, 16)  # the CPU kernel takes it
 
 
+def test_scaled_mm_refuses_the_outputs_and_biases_cuda_refuses():
+    """What the CPU's _scaled_mm computes and CUDA's refuses (ScaledBlas.cpp): a bias with a float32 output, a bias
+    whose dtype is not the output's, row-wise scales with a float32 output (CUTLASS's kernel before cuBLAS 12.9)."""
+    torch.manual_seed(0)
+    (a, sa), (b, sb) = _float8((16, 32)), _float8((48, 32))
+    bias = torch.randn(48, dtype=torch.bfloat16)
+    rows_a, rows_b = torch.ones(16, 1), torch.ones(1, 48)
+    on_cpu = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.bfloat16)
+    torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.float32)  # the CPU takes these
+    torch._scaled_mm(a, b.t(), scale_a=rows_a, scale_b=rows_b, out_dtype=torch.float32)
+    with course.emulate(gpus=1, gpu="H100"):
+        a, b, sa, sb, bias = a.cuda(), b.cuda(), sa.cuda(), sb.cuda(), bias.cuda()
+        on_gpu = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.bfloat16)
+        assert torch.equal(on_gpu.cpu(), on_cpu)
+        with pytest.raises(RuntimeError, match="Bias is not supported when out_dtype is set to Float32"):
+            torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.float32)
+        with pytest.raises(RuntimeError, match="Bias must be Float16 to compute Half output, but got BFloat16"):
+            torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.float16)
+        with pytest.raises(ValueError, match="Only bf16 and fp16 high precision output types"):
+            torch._scaled_mm(a, b.t(), scale_a=rows_a.cuda(), scale_b=rows_b.cuda(), out_dtype=torch.float32)
+
+
+def test_matmuls_with_out_dtype_run_cublas_kernels(emu):
+    """torch.mm/bmm/addmm/baddbmm(..., out_dtype=torch.float32) have only CUDA kernels: half inputs give float32
+    results equal to the CPU's product of float32 copies, and count their FLOPs; other pairs are refused with
+    Blas.cpp's words, as is float16 accumulation into a float32 output."""
+    torch.manual_seed(0)
+    a, b, c = (torch.randn(s, dtype=torch.bfloat16) for s in ((3, 8, 5), (3, 5, 4), (3, 8, 4)))
+    checks = [
+        (torch.mm(a[0].cuda(), b[0].cuda(), out_dtype=torch.float32), a[0].float() @ b[0].float()),
+        (torch.bmm(a.cuda(), b.cuda(), out_dtype=torch.float32), torch.bmm(a.float(), b.float())),
+        (torch.addmm(c[0].cuda(), a[0].cuda(), b[0].cuda(), out_dtype=torch.float32, beta=0.5, alpha=2),
+         torch.addmm(c[0].float(), a[0].float(), b[0].float(), beta=0.5, alpha=2)),
+        (torch.baddbmm(c.cuda(), a.cuda(), b.cuda(), out_dtype=torch.bfloat16), torch.baddbmm(c, a, b)),
+    ]
+    for got, want in checks:
+        assert got.device.type == "cuda" and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+    assert [e.flops for e in emu.trace if "baddbmm" in e.name] == [2 * 3 * 8 * 5 * 4]
+    with pytest.raises(RuntimeError, match="out_dtype must be the same as input dtype or fp32 for fp16/bf16 inputs"):
+        torch.mm(a[0].float().cuda(), b[0].float().cuda(), out_dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(8x5 and 8x4\)"):
+        torch.mm(a[0].cuda(), c[0].cuda(), out_dtype=torch.float32)
+    half = torch.ones(32, 32, dtype=torch.float16).cuda()
+    torch.backends.cuda.matmul.allow_fp16_accumulation = True
+    try:
+        with pytest.raises(RuntimeError, match="allow_fp16_accumulation"):
+            torch.mm(half, half, out_dtype=torch.float32)
+    finally:
+        torch.backends.cuda.matmul.allow_fp16_accumulation = False
+
+
 def test_cudnn_convolutions_compute_and_cost_as_the_convolutions_they_are(emu):
     """torch.cudnn_convolution(_transpose) (on CUDA autocast's lower-precision list, called directly by some programs)
     has no CPU kernel: on emulated GPUs it gives conv2d's values and gradients, autocasts to float16, and is timed as
@@ -1303,6 +1355,31 @@ def test_sdpa_checks_heads_and_dtypes_before_its_fused_kernel_as_cuda_does(emu):
             sdpa(q.cuda(), kv.cuda(), kv.cuda(), enable_gqa=True)
     assert any("both fused kernels require query, key and value to have the same num_heads" in str(w.message)
                for w in said)
+
+
+def test_sdpa_takes_empty_sequences_and_broadcast_batches_to_math_as_a_gpu_does(emu):
+    """A zero-length sequence killed the process with SIGFPE (the CPU's fused kernel divides by it) and a broadcast
+    batch failed in the FLOP count: a GPU's fused kernels refuse both (sdp_utils_cpp.h) and math attention computes
+    them, as plain CPU torch does; with math off they stop with the fused kernels' own warnings, as do 3-D inputs, and
+    what cuDNN alone takes (head sizes that differ) is computed, where the CPU's SDPA found no backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    empty, full, one = torch.rand(2, 2, 0, 8), torch.rand(2, 2, 3, 8), torch.rand(1, 2, 3, 8)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert sdpa(empty.cuda(), empty.cuda(), empty.cuda()).shape == (2, 2, 0, 8)
+    torch.testing.assert_close(sdpa(one.cuda(), full.cuda(), full.cuda()).cpu(), sdpa(one, full, full))
+    for inputs, reason in (((empty,) * 3, "All fused kernels do not support zero seq_len_q or seq_len_kv."),
+                           ((one, full, full), "require query, key and value to have the same batch_size"),
+                           ((full[0],) * 3, "All fused kernels requires query, key and value to be 4 dimensional")):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with pytest.raises(RuntimeError, match="No available kernel"):
+                sdpa(*(t.half().cuda() for t in inputs))
+        assert any(reason in str(w.message) for w in said), [str(w.message) for w in said]
+    q, v = torch.rand(1, 2, 8, 16, dtype=torch.bfloat16), torch.rand(1, 2, 8, 8, dtype=torch.bfloat16)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):  # cuDNN takes key and value head sizes that differ; the CPU not
+        got = sdpa(q.cuda(), q.cuda(), v.cuda())
+    assert torch.equal(got.cpu(), sdpa(q, q, v))
 
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):

@@ -8,6 +8,7 @@ costed with FlopCounterMode's flash-attention formula and the bytes of q, k, v a
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -15,6 +16,7 @@ from torch._higher_order_ops.flex_attention import flex_attention as flex_attent
 from torch._higher_order_ops.flex_attention import flex_attention_backward as flex_attention_backward_hop
 from torch._higher_order_ops.flex_attention import sdpa_dense, sdpa_dense_backward
 from torch.nested._internal.nested_tensor import NestedTensor, nested_view_from_values_offsets_lengths
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from course.cuda import autocast, sdpa_backends
 from course.cuda.cuda_bindings import not_modelled
@@ -32,6 +34,14 @@ def _fused_kernels_enabled() -> bool:
     `torch.backends.cuda.sdp_kernel(enable_flash=False, ...)`, as gpt-fast's decode loop uses) turns them off."""
     backends = torch.backends.cuda
     return backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled()
+
+
+def _math_on_the_host(on_gpu: bool):
+    """The CPU's SDPA with math attention allowed, for GPU inputs a fused CUDA kernel has taken (sdpa_backends.check
+    passed) but the CPU's kernels cannot (cuDNN's different key and value head sizes with math off)."""
+    if not on_gpu or torch.backends.cuda.math_sdp_enabled():
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION])
 
 
 def _on_emulated_gpu(*tensors) -> bool:
@@ -151,19 +161,21 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     Dropout (the CPU fused op has none), nested tensors and a math-only backend take PyTorch's path.
     """
     on_gpu = _on_emulated_gpu(query, key, value)
-    if on_gpu and not query.is_nested and query.dim() == 4:  # stops where a GPU finds no kernel (math turned off)
+    if on_gpu and not query.is_nested:  # stops where a GPU finds no kernel (math turned off)
         sdpa_backends.check(current_emulator("F.scaled_dot_product_attention").gpu.compute_capability, query, key,
                             value, attn_mask, dropout_p, is_causal, enable_gqa)
     if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
                                                                                 -float("inf"))
-    fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
-    if fused and not _fused_takes(query, key, value, enable_gqa):
-        fused = False  # PyTorch's path raises what a GPU raises, or broadcasts a single key/value head as its math does
+    # a GPU takes broadcast batches and empty sequences to math attention (the CPU's fused kernel would refuse the
+    # first and die of SIGFPE on the second); PyTorch's path raises what a GPU raises for mixed dtypes or heads
+    fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4 \
+        and sdpa_backends.sizes_fit_fused(query, key, value, enable_gqa) and _fused_takes(query, key, value, enable_gqa)
     if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
-        return _SDPA(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa)
+        with _math_on_the_host(on_gpu):
+            return _SDPA(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa)
     # SDPA is on CUDA autocast's lower-precision list; the fused op run in its place is on none
     query, key, value, attn_mask = autocast.to_lower_precision(query, key, value, attn_mask)
     if attn_mask is None and not enable_gqa and program_dispatch_mode():

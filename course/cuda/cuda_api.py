@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import sys
 import threading
 import warnings
 
 import torch
 
-from course.cuda import (cuda_bindings, device_properties, exporting, fake_cache, graphs, nested_jagged, rng, sharing,
-                         sync_debug, torchscript, wall_clock)
+from course.cuda import (cuda_bindings, cuda_runtime, device_properties, exporting, fake_cache, graphs, nested_jagged,
+                         rng, sharing, sync_debug, torchscript, wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -76,6 +77,8 @@ class Stream(torch._C.Stream):
     """
 
     def __new__(cls, device=None, priority=0, **kwargs):
+        if "stream_id" in kwargs and "device_index" in kwargs:  # torch.cuda.Stream(stream_id=..., ...) wraps that one
+            return cls._existing(_checked_stream_device(kwargs["device_index"]), kwargs["stream_id"])
         index = _index(device)
         stream = cls._existing(index, _emu().new_stream_id(index))
         low, high = cls.priority_range()
@@ -104,6 +107,10 @@ class Stream(torch._C.Stream):
         """The `cudaStream_t` handle as an int: 0 for a default stream (CUDA's legacy null stream, on every
         device), else a made-up handle unique to the stream; nothing can be launched on it outside PyTorch."""
         return 0 if self.stream_id == 0 else (self.device_index + 1) << 32 | self.stream_id
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0, the handle), which libraries such as cuda.core read."""
+        return 0, self.cuda_stream
 
     @property
     def _ready_ns(self) -> int:
@@ -187,17 +194,30 @@ class device_of(device):  # noqa: N801 - named as torch.cuda.device_of
         super().__init__(obj.get_device() if obj.is_cuda else -1)
 
 
-class Event:
+class AcceleratorEvent:
     """A marker in a stream; two of them time the GPU work between them, in simulated milliseconds.
 
-    As on CUDA, an event belongs to no device until first recorded (`device` is None), and after that
+    `torch.Event(device, enable_timing=...)`, the device-generic event, and the base of `torch.cuda.Event`, as in
+    PyTorch. As on CUDA, an event belongs to no device until first recorded (`device` is None), and after that
     only streams of that device may record it.
     """
 
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
+    _handles = itertools.count(1)
+
+    def __init__(self, device=None, *, enable_timing=False, blocking=False, interprocess=False):
         self.enable_timing = enable_timing
         self.time_ns: int | None = None
         self.device: torch.device | None = None
+        self._handle = 0
+
+    @property
+    def cuda_event(self) -> int:
+        """The `cudaEvent_t` handle as an int: 0 until the first record creates the event, then a made-up one."""
+        return self._handle
+
+    @property
+    def event_id(self) -> int:
+        return self._handle
 
     def __repr__(self):
         return f"<torch.cuda.Event {id(self):#x}>" if self.device is not None else "<torch.cuda.Event uninitialized>"
@@ -206,6 +226,7 @@ class Event:
         stream = stream or current_stream()
         if self.device is None:
             self.device = torch.device("cuda", stream.device_index)
+            self._handle = next(AcceleratorEvent._handles)
         elif self.device.index != stream.device_index:
             raise RuntimeError(f"Event device {self.device} does not match recording stream's device "
                                f"cuda:{stream.device_index}.")
@@ -222,10 +243,12 @@ class Event:
             _emu().clock.host_wait(self.time_ns, "event.synchronize")
 
     def elapsed_time(self, end_event: "Event") -> float:
+        """The checks of `CUDAEvent::elapsed_time` (aten/src/ATen/cuda/CUDAEvent.h): ValueErrors since
+        pytorch/pytorch#151404, as upstream test_cuda.py's test_events_elapsedtime expects."""
         if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self.time_ns is None or end_event.time_ns is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         if self.device != end_event.device:  # cudaEventElapsedTime times events of one device only
             raise RuntimeError(f"CUDA error: invalid resource handle\n(the events were recorded on {self.device} and "
                                f"{end_event.device}: elapsed_time compares events of the same GPU)")
@@ -237,11 +260,11 @@ class Event:
         return (end_event.time_ns - self.time_ns) / 1e6
 
 
-class AcceleratorEvent(Event):
-    """`torch.Event(device, enable_timing=...)`, the device-generic event, as a CUDA event."""
+class Event(AcceleratorEvent):
+    """`torch.cuda.Event`, a `torch.Event` of the current GPU."""
 
-    def __init__(self, device=None, *, enable_timing=False, blocking=False, interprocess=False):
-        super().__init__(enable_timing, blocking, interprocess)
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
+        super().__init__(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
 def is_available() -> bool:
@@ -314,13 +337,29 @@ def _sleep(cycles: int) -> None:
                      round(cycles / emu.gpu.boost_clock_ghz))
 
 
+def _checked_stream_device(index: int) -> int:
+    """c10's stream functions check the index themselves (`check_gpu`, c10/cuda/CUDAStream.cpp), before any CUDA
+    call could say "invalid device ordinal"."""
+    num_gpus = _emu().num_gpus
+    if not 0 <= index < num_gpus:
+        raise RuntimeError(f"Device index value {index} is out of index range [0, {num_gpus})")
+    return index
+
+
+def _stream_index(device) -> int:
+    if device is None or isinstance(device, Stream):
+        return _index(device)
+    index = device if isinstance(device, int) else torch.device(device).index
+    return _index(device) if index is None or index < 0 else _checked_stream_device(index)
+
+
 def current_stream(device=None) -> Stream:
-    index = _index(device)
+    index = _stream_index(device)
     return Stream._existing(index, _emu().current_stream_id(index))
 
 
 def default_stream(device=None) -> Stream:
-    return Stream._existing(_index(device), 0)
+    return Stream._existing(_stream_index(device), 0)
 
 
 def _memory() -> DeviceMemory:
@@ -354,7 +393,9 @@ def _lazy_init() -> None:
     """Where torch.cuda's own functions start; any that get here are not modelled, and are named. PyTorch's Python
     bindings call it too, before a factory with a CUDA device runs where the emulator's mode is off (inside a
     program's `__torch_dispatch__`): that factory is modelled (course/cuda/cuda_key_factories.py)."""
-    if not sys._getframe(1).f_globals.get("__name__", "").startswith(("torch.cuda", "torch.multiprocessing")):
+    caller = sys._getframe(1)
+    if not caller.f_globals.get("__name__", "").startswith(("torch.cuda", "torch.multiprocessing")) \
+            or caller.f_code.co_name == "cudart":  # the runtime module it returns is the emulator's (cuda_runtime.py)
         return
     raise not_modelled(cuda_bindings.caller_in_torch(),
                        "it models devices, streams, events, synchronize, memory statistics and random "
@@ -407,12 +448,19 @@ def caching_allocator_delete(mem_ptr: int) -> None:
     _memory().free_raw(mem_ptr)
 
 
-class ExternalStream:
-    """`torch.cuda.ExternalStream`: a stream another library made with the CUDA runtime, which has none here."""
+class ExternalStream(Stream):
+    """`torch.cuda.ExternalStream(handle)`: a stream known by its `cudaStream_t`. Only the emulator's own streams have
+    handles here (`Stream.cuda_stream`), so only those can be wrapped; 0 is the current GPU's default stream."""
 
-    def __new__(cls, *args, **kwargs):
-        raise not_modelled("torch.cuda.ExternalStream (a stream made outside PyTorch)",
-                           "no other library makes CUDA streams here; use torch.cuda.Stream")
+    def __new__(cls, stream_ptr, device=None, **kwargs):
+        if stream_ptr == 0:
+            return cls._existing(_index(device), 0)
+        index, stream_id = (stream_ptr >> 32) - 1, stream_ptr & 0xFFFFFFFF
+        if not _emu().has_stream(index, stream_id):
+            raise not_modelled("torch.cuda.ExternalStream (a stream made outside PyTorch)",
+                               f"no other library makes CUDA streams here and {stream_ptr:#x} is none of the "
+                               "emulator's; use torch.cuda.Stream")
+        return cls._existing(index, stream_id)
 
 
 class MemPool:
@@ -575,6 +623,7 @@ PATCHES = {
     "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
     "is_current_stream_capturing": graphs.is_current_stream_capturing,
     "_lazy_init": _lazy_init,
+    "_cudart": cuda_runtime.RUNTIME,
     "CUDAGraph": graphs.CUDAGraph,
     "graph_pool_handle": graphs.graph_pool_handle,
     "ExternalStream": ExternalStream,

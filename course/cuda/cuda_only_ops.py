@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from course.cuda import fused_attention_ops, half_accumulation, half_fft, sparse_add, unpivoted_lu
+from course.cuda import blas_out_dtype, fused_attention_ops, half_accumulation, half_fft, sparse_add, unpivoted_lu
 from course.cuda.devices import current_emulator
+from course.cuda.kernel_dtypes import c10_name
 
 aten = torch.ops.aten
 
@@ -123,7 +124,29 @@ def scaled_mm(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dt
         if not (mat1.stride(1) == 1 and mat1.stride(0) >= max(1, mat1.size(1))
                 and mat2.stride(0) == 1 and mat2.stride(1) >= max(1, mat2.size(0))):
             raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
+        _check_scaled_mm_output(mat1, mat2, scale_a, scale_b, bias, out_dtype or mat1.dtype)
     return aten._scaled_mm.default(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+
+
+def _check_scaled_mm_output(mat1, mat2, scale_a, scale_b, bias, out_dtype):
+    """The output and bias dtypes cuBLASLt's float8 GEMM and CUTLASS's row-wise one write, which the CPU kernel does
+    not check (`_scaled_mm_out_cuda`, aten/src/ATen/native/cuda/ScaledBlas.cpp). Row-wise scaling goes to CUTLASS's
+    kernel, bf16 or fp16 out only, wherever cuBLAS is older than 12.9, as in the CUDA 12.6 build emulated here."""
+    if bias is not None:
+        if out_dtype == torch.float32:
+            raise RuntimeError("Bias is not supported when out_dtype is set to Float32")
+        if bias.dtype not in (torch.bfloat16, torch.float16):
+            raise RuntimeError(f"Bias must be BFloat16 or Half, but got {c10_name(bias.dtype)}")
+        if out_dtype == torch.bfloat16 and bias.dtype != torch.bfloat16:
+            raise RuntimeError(f"Bias must be BFloat16 to compute {c10_name(out_dtype)} output, but got "
+                               f"{c10_name(bias.dtype)}")
+        if out_dtype == torch.float16 and bias.dtype != torch.float16:
+            raise RuntimeError(f"Bias must be Float16 to compute {c10_name(out_dtype)} output, but got "
+                               f"{c10_name(bias.dtype)}")
+    rowwise = (tuple(scale_a.shape) == (mat1.size(0), 1) and tuple(scale_b.shape) == (1, mat2.size(1))
+               and scale_a.numel() + scale_b.numel() > 2)
+    if rowwise and out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError("Only bf16 and fp16 high precision output types are supported for row-wise scaling.")
 
 
 def int_mm(mat1, mat2):
@@ -271,6 +294,7 @@ _FLOAT_ACCUMULATING = [aten.avg_pool3d.default, aten.avg_pool3d_backward.default
 KERNELS = {
     **{op: _in_float(op) for op in _FLOAT_ACCUMULATING},
     **half_fft.KERNELS,
+    **blas_out_dtype.KERNELS,
     **half_accumulation.KERNELS,
     **unpivoted_lu.KERNELS,
     **sparse_add.KERNELS,

@@ -128,6 +128,9 @@ class Emulator:
             self._stream_counts[device] += 1
             return self._stream_counts[device] - 1
 
+    def has_stream(self, device: int, stream_id: int) -> bool:
+        return 0 <= device < self.num_gpus and 0 <= stream_id < self._stream_counts[device]
+
     # -- switching on and off -------------------------------------------------------------------
     def start(self) -> "Emulator":
         """Switch the emulator on. Inside another emulator it is a separate machine until it stops

@@ -34,10 +34,14 @@ C10_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torc
              torch.complex128: "ComplexDouble", torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64"}
 
 
+def c10_name(dtype: torch.dtype) -> str:
+    """How ATen's messages print a dtype ("Half", "Float")."""
+    return C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
+
+
 def not_implemented(kernel: str, dtype: torch.dtype) -> NotImplementedError:
     """The error an AT_DISPATCH macro raises for a dtype it does not list (here and in blas_dtypes.py)."""
-    name = C10_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
-    return NotImplementedError(f'"{kernel}" not implemented for \'{name}\'')
+    return NotImplementedError(f'"{kernel}" not implemented for \'{c10_name(dtype)}\'')
 
 # op: (the CUDA kernel's dispatch name, dtypes it lacks, whether the dtype is the inputs' common one or the first's)
 _REFUSED = {

@@ -105,7 +105,7 @@ class EmitNVTX(torch.autograd.profiler.emit_nvtx):
         return False
 
 
-def _capture_mark(name: str):
+def capture_mark(name: str):
     def mark() -> None:
         torch.cuda.nvtx.mark(name)
 
@@ -116,4 +116,4 @@ def _capture_mark(name: str):
 
 
 # torch.cuda.profiler.start/stop (and profile(), which calls them) only tell an attached profiler when to capture.
-PROFILER_PATCHES = {"start": _capture_mark("cudaProfilerStart"), "stop": _capture_mark("cudaProfilerStop")}
+PROFILER_PATCHES = {"start": capture_mark("cudaProfilerStart"), "stop": capture_mark("cudaProfilerStop")}

@@ -25,6 +25,14 @@ def _head_dims(query, key, value):
     return query.shape[-1], key.shape[-1], value.shape[-1]
 
 
+def _shape_refusal(query, key, value) -> str | None:
+    """`check_tensor_shapes`, every fused kernel's first look at its inputs (sdp_utils_cpp.h)."""
+    if not query.dim() == key.dim() == value.dim() == 4:
+        return ("All fused kernels requires query, key and value to be 4 dimensional, but got Query dim: "
+                f"{query.dim()}, Key dim: {key.dim()}, Value dim: {value.dim()} instead.")
+    return None
+
+
 def _heads_refusal(query, key, value, gqa) -> str | None:
     """`check_batch_size_and_num_heads_dense` (sdp_utils_cpp.h): one batch size, and one number of heads unless the
     kernel takes grouped-query attention (flash and cuDNN do with `enable_gqa`, the memory-efficient kernel never)."""
@@ -46,8 +54,37 @@ def _heads_refusal(query, key, value, gqa) -> str | None:
     return None
 
 
-def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal,
-                   gqa=False) -> str | None:
+def _dense_refusal(query, key, value, attn_mask, ignore_singleton_dim, gqa=False) -> str | None:
+    """The fused kernels' checks of dense inputs (sdp_utils_cpp.h): batch size and heads (above),
+    `check_nonzero_sequence_lengths_dense` (the CPU's flash kernel divides by a zero length and kills the process
+    with SIGFPE, where a GPU falls back to math) and `check_last_dim_stride_equals_1_dense`."""
+    heads = _heads_refusal(query, key, value, gqa)
+    if heads:
+        return heads
+    if query.size(-2) == 0 or key.size(-2) == 0:
+        return "All fused kernels do not support zero seq_len_q or seq_len_kv."
+    strides_one = all(t.stride(-1) == 1 for t in (query, key, value)) or (ignore_singleton_dim and query.size(-1) == 1)
+    if not strides_one or (attn_mask is not None and attn_mask.stride(-1) != 1):
+        message = (f"All fused kernels require the last dimension of the input to have stride 1. Got Query.stride(-1): "
+                   f"{query.stride(-1)}, Key.stride(-1): {key.stride(-1)}, Value.stride(-1): {value.stride(-1)}")
+        if attn_mask is not None:
+            message += (f", Attn_mask.stride(-1): {attn_mask.stride(-1)} (GPU backends require attn_mask's last "
+                        "dimension to have stride 1 while the CPU does not).")
+        return message
+    return None
+
+
+def sizes_fit_fused(query, key, value, enable_gqa) -> bool:
+    """Whether dense 4-D inputs pass the fused kernels' size checks (grouped-query heads aside); a GPU runs any others,
+    broadcast batches or heads and empty sequences, with math attention."""
+    heads = enable_gqa or query.size(-3) == key.size(-3) == value.size(-3)
+    return heads and query.size(0) == key.size(0) == value.size(0) and query.size(-2) > 0 and key.size(-2) > 0
+
+
+def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal, gqa=False) -> str | None:
+    shape = _shape_refusal(query, key, value)
+    if shape:
+        return shape
     dq, dk, dv = _head_dims(query, key, value)
     if attn_mask is not None:
         return "Flash Attention does not support non-null attn_mask."
@@ -66,13 +103,16 @@ def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causa
         return (f"Flash attention does not support the is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: "
                 f"{query.shape[-2]} seqlen_k: {key.shape[-2]}.")
     allowed = LOW_PRECISION if cc >= (8, 0) else (torch.float16,)
-    return _dtype_refusal(dtypes, allowed) or _heads_refusal(query, key, value, gqa)
+    return _dtype_refusal(dtypes, allowed) or _dense_refusal(query, key, value, attn_mask, True, gqa)
 
 
-def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
+def _mem_efficient_refusal(cc, dtypes, query, key, value, attn_mask) -> str | None:
     if not _in_range(cc, (5, 0), (12, 1)):
         return ("Mem Efficient Attention only supports gpu architectures in the range [sm50, sm121]. Attempting to "
                 f"run on a sm {cc[0]}.{cc[1]} gpu.")
+    shape = _shape_refusal(query, key, value)
+    if shape:
+        return shape
     dq, dk, dv = _head_dims(query, key, value)
     half = dtypes[0] in LOW_PRECISION
     tensor_cores = cc >= (8, 0) or (cc >= (7, 0) and half)
@@ -84,12 +124,15 @@ def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
         return ("Mem efficient attention on sm80 or newer requires q, k, and v storage offsets * element_size to be "
                 f"aligned to {alignment * torch.finfo(dtypes[0]).bits // 8} bytes.")
     allowed = (torch.float16, torch.float32, torch.bfloat16) if cc >= (8, 0) else (torch.float16, torch.float32)
-    return _heads_refusal(query, key, value, False) or _dtype_refusal(dtypes, allowed)
+    return _dense_refusal(query, key, value, attn_mask, False) or _dtype_refusal(dtypes, allowed)
 
 
-def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, gqa=False) -> str | None:
+def _cudnn_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, gqa=False) -> str | None:
     if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
         return "cuDNN SDPA is not deterministic."
+    refused = _shape_refusal(query, key, value) or _dense_refusal(query, key, value, attn_mask, False, gqa)
+    if refused:
+        return refused
     refused = _dtype_refusal(dtypes, LOW_PRECISION)
     if refused:
         return refused
@@ -106,7 +149,7 @@ def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, gqa=False) -> str |
         return "head_dim should be a multiple of 8"
     if key.shape[-2] == 1:
         return "cudnn SDPA does not support key/value sequence length 1."
-    return _heads_refusal(query, key, value, gqa)
+    return None
 
 
 def _dtype_refusal(dtypes, allowed) -> str | None:
@@ -133,7 +176,7 @@ def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal) -> str:
     if backends.flash_sdp_enabled() and not _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p,
                                                            is_causal):
         return "flash"
-    if backends.mem_efficient_sdp_enabled() and not _mem_efficient_refusal(cc, dtypes, query, key, value):
+    if backends.mem_efficient_sdp_enabled() and not _mem_efficient_refusal(cc, dtypes, query, key, value, attn_mask):
         return "mem"
     if backends.math_sdp_enabled():
         return "math"
@@ -155,11 +198,11 @@ def check(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=Fal
     dtypes = _dtypes_after_autocast(query, key, value)
     refusals = {
         "mem": "Memory Efficient attention has been runtime disabled." if not enabled["mem"] else
-        _mem_efficient_refusal(cc, dtypes, query, key, value),
+        _mem_efficient_refusal(cc, dtypes, query, key, value, attn_mask),
         "flash": "Flash attention has been runtime disabled." if not enabled["flash"] else
         _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa),
         "cudnn": "CuDNN attention has been runtime disabled." if not enabled["cudnn"] else
-        _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, enable_gqa),
+        _cudnn_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, enable_gqa),
     }
     if any(reason is None for reason in refusals.values()):
         return

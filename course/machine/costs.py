@@ -71,7 +71,14 @@ def op_flops(func, args, kwargs, out) -> int:
     formula = _FLOP_FORMULAS.get(_packet(func))
     if formula is None:
         return 0
+    if _widens_to_out_dtype(func):  # torch's formulas take the default overload's arguments
+        args = args[:-1]
     return int(formula(*args, **(kwargs or {}), out_val=out))
+
+
+def _widens_to_out_dtype(func) -> bool:
+    """mm, bmm, addmm, baddbmm with `out_dtype` (their `.dtype` overloads): the ScalarType is the last positional."""
+    return getattr(func, "_overloadname", None) == "dtype"
 
 
 def uses_tensor_cores(func) -> bool:
@@ -81,7 +88,7 @@ def uses_tensor_cores(func) -> bool:
 
 def operand_dtype(func, args, out_dtype: torch.dtype) -> torch.dtype:
     """The dtype a matmul-like op's tensor cores multiply: its inputs' for the widening GEMMs, else its output's."""
-    return args[0].dtype if _packet(func) in _WIDENING_GEMMS else out_dtype
+    return args[0].dtype if _packet(func) in _WIDENING_GEMMS or _widens_to_out_dtype(func) else out_dtype
 
 
 def peak_flops_per_s(gpu: GPU, dtype: torch.dtype, tensor_cores: bool, allow_tf32: bool) -> float:
