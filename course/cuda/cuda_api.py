@@ -243,8 +243,9 @@ class AcceleratorEvent:
             _emu().clock.host_wait(self.time_ns, "event.synchronize")
 
     def elapsed_time(self, end_event: "Event") -> float:
-        """The checks of `CUDAEvent::elapsed_time` (aten/src/ATen/cuda/CUDAEvent.h): ValueErrors since
-        pytorch/pytorch#151404, as upstream test_cuda.py's test_events_elapsedtime expects."""
+        """The checks of `CUDAEvent::elapsed_time` as torch 2.13 ships them (include/c10/cuda/CUDAEvent.h): two
+        ValueErrors, then a RuntimeError for an event the GPU has not reached, before cudaEventElapsedTime could
+        say "device not ready"."""
         if not (self.enable_timing and end_event.enable_timing):
             raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self.time_ns is None or end_event.time_ns is None:
@@ -252,11 +253,10 @@ class AcceleratorEvent:
         if self.device != end_event.device:  # cudaEventElapsedTime times events of one device only
             raise RuntimeError(f"CUDA error: invalid resource handle\n(the events were recorded on {self.device} and "
                                f"{end_event.device}: elapsed_time compares events of the same GPU)")
-        if _emu().clock.host_ns < end_event.time_ns:
-            raise RuntimeError(
-                "CUDA error: device not ready\n(the end event has not happened yet: call "
-                "end_event.synchronize() or torch.cuda.synchronize() before elapsed_time)"
-            )
+        if _emu().clock.host_ns < max(self.time_ns, end_event.time_ns):  # query() of both, without its host cost
+            raise RuntimeError("Both events must be completed before calculating elapsed time.\n(the GPU has not "
+                               "reached the end event yet: call end_event.synchronize() or torch.cuda.synchronize() "
+                               "before elapsed_time)")
         return (end_event.time_ns - self.time_ns) / 1e6
 
 
