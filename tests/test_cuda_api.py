@@ -3,6 +3,7 @@ stream contexts, RNG state, legacy constructors, allocator settings, and clear e
 modelled (CUDA graphs, memory history) or runs eagerly (torch.compile)."""
 from __future__ import annotations
 
+import inspect
 import io
 import pickle
 import subprocess
@@ -245,6 +246,32 @@ def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
         torch.set_default_tensor_type(saved)
     assert (torch.tensor(0.5).device, torch.get_default_dtype()) == (torch.device("cpu"), torch.float32)
     assert torch.Tensor(2).device == torch.device("cpu")
+
+
+def _packed_gru(device):
+    torch.manual_seed(0)
+    gru = nn.GRU(3, 4).to(device)
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(4, 3, 3).to(device), [2, 4, 3], enforce_sorted=False)
+    out, hidden = gru(packed)
+    return nn.utils.rnn.pad_packed_sequence(out)[0].cpu(), hidden.cpu()
+
+
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_old_rnn_code_runs_under_a_cuda_default_tensor_type():
+    """A 2018 seq2seq script after `set_default_tensor_type(torch.cuda.FloatTensor)`: packing with a list of lengths
+    (made a host tensor, beside the GPU input) matches plain CPU torch, and `Tensor.__new__` keeps the signature
+    `import torch._dynamo` checks (a mismatch broke that import, so torch.compile and `torch.eye` too)."""
+    want = _packed_gru("cpu")
+    with course.emulate(gpus=1):
+        torch.set_default_tensor_type(torch.cuda.FloatTensor)
+        try:
+            got = _packed_gru("cuda")
+            params = inspect.signature(torch.Tensor.__new__).parameters.values()
+            assert {p.kind for p in params} == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+        finally:
+            torch.set_default_tensor_type(torch.FloatTensor)
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)
 
 
 # -- random numbers ------------------------------------------------------------------------------------

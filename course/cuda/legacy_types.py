@@ -78,10 +78,13 @@ _gpu_default = False  # whether a `torch.cuda.*Tensor` type made the GPU the def
 _legacy_new = torch._C.TensorBase.__new__
 
 
-def _on_the_gpu_by_default(cls, *args, **kwargs):
+def _on_the_gpu_by_default(*args, **kwargs):
     """`torch.Tensor(2, 3)` or `torch.Tensor([1., 2.])` after a CUDA default tensor type: PyTorch's legacy
     constructor makes it on the current GPU (old SSD and YOLO code relies on it); set_default_device does not
-    reach that constructor, so while such a type is the default it is this function."""
+    reach that constructor, so while such a type is the default it is this function. Its signature is C's
+    `(*args, **kwargs)`: importing torch._dynamo (torch.compile, torch.eye's reference) checks that its polyfill
+    for `Tensor.__new__` matches the function it finds there."""
+    cls, *args = args
     made = _legacy_new(cls, *args, **kwargs)
     if cls is not torch.Tensor or "device" in kwargs or any(isinstance(arg, torch.Tensor) for arg in args):
         return made
