@@ -55,8 +55,8 @@ def _host_type(name: str):
     original = getattr(torch, name)
 
     def __new__(cls, *args, **kwargs):
-        if args and isinstance(args[0], EmulatedTensor) and args[0]._device_index != CPU:
-            raise RuntimeError("legacy constructor expects device type: cpu but device type: cuda was passed")
+        if len(args) == 1 and not kwargs and isinstance(args[0], EmulatedTensor) and args[0]._device_index != CPU:
+            raise type_mismatch(name, "cpu", args[0])
         if args and holds_gpu_tensors(args[0]):
             args = (on_host(args[0]),) + args[1:]
         return original(*args, **kwargs)
@@ -67,6 +67,18 @@ def _host_type(name: str):
 
 
 HOST_TYPES = {name: _host_type(name) for name in NAMES}
+
+
+def type_mismatch(name: str, device_type: str, other: torch.Tensor) -> TypeError:
+    """tensor_new.cpp's error for `torch.FloatTensor(t)` or `torch.cuda.FloatTensor(t)` with a tensor of another dtype
+    or device type, in c10's words for TensorOptions: the host constructor's own error for a meta tensor of the
+    other's dtype gives them, and the devices are put in."""
+    try:
+        HOST_TYPES[name]._original(torch.empty(0, dtype=other.dtype, device="meta"))
+    except TypeError as error:
+        expected, got = str(error).split(" (got ", 1)
+    return TypeError(f"{expected.replace('device=cpu', f'device={device_type}', 1)} "
+                     f"(got {got.replace('device=meta', f'device={other.device}', 1)}")
 
 
 def _original_type(value):
