@@ -248,6 +248,30 @@ def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
     assert torch.Tensor(2).device == torch.device("cpu")
 
 
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_a_cuda_default_tensor_type_reaches_normal_and_sparse_tensors():
+    """`torch.normal(0.0, 1.0, size)` (GAN noise) takes a CUDA default tensor type's GPU in C++, where the mode of
+    `torch.device`/`set_default_device` does not reach (PyTorch's list of constructors leaves it out, also on the
+    host); `torch.sparse_coo_tensor` of GPU parts made under such a type runs."""
+    torch.manual_seed(0)
+    want = [torch.normal(0.0, 1.0, (2, 3)), torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (3,))]
+    with torch.device("meta"):
+        host_under_a_default_device = torch.normal(0.0, 1.0, (2,)).device
+    with course.emulate(gpus=2):
+        torch.set_default_tensor_type(torch.cuda.FloatTensor)
+        try:
+            torch.manual_seed(0)
+            got = [torch.normal(0.0, 1.0, (2, 3)), torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (3,))]
+        finally:
+            torch.set_default_tensor_type(torch.FloatTensor)
+        assert [t.device for t in got] == [torch.device("cuda", 0)] * 2
+        got = [t.cpu() for t in got]
+        with torch.device("cuda"):
+            assert torch.normal(0.0, 1.0, (2,)).device == host_under_a_default_device == torch.device("cpu")
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)
+
+
 def _packed_gru(device):
     torch.manual_seed(0)
     gru = nn.GRU(3, 4).to(device)

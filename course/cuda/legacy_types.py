@@ -120,6 +120,11 @@ def set_default_tensor_type(t):
     _set_default_tensor_type(_original_type(host_type if isinstance(t, str) else t))
 
 
+def gpu_by_default() -> bool:
+    """Whether a `torch.cuda.*Tensor` type is the default one."""
+    return _gpu_default
+
+
 def host_by_default() -> None:
     """Undo what a CUDA default tensor type changed (also when the emulator stops), the default dtype aside."""
     global _gpu_default
