@@ -240,6 +240,10 @@ def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
         assert (legacy.device, legacy.dtype, legacy.shape) == (torch.device("cuda", 0), torch.float64, (2, 3))
         assert (listed.device, listed.dtype, listed.cpu().tolist()) == (torch.device("cuda", 0), torch.float64,
                                                                        [1.0, 2.0])
+        # a device named, as tensor_new.cpp's check_legacy_ctor_device wants it: of the default type's device type
+        assert torch.Tensor(2, device="cuda:1").device == torch.device("cuda", 1)
+        with pytest.raises(RuntimeError, match="^legacy constructor expects device type: cuda but device type: cpu"):
+            torch.Tensor(2, device="cpu")
         with pytest.raises(TypeError, match="only floating-point types are supported as the default type"):
             torch.set_default_tensor_type(torch.cuda.IntTensor)
     finally:

@@ -97,10 +97,13 @@ def _on_the_gpu_by_default(*args, **kwargs):
     `(*args, **kwargs)`: importing torch._dynamo (torch.compile, torch.eye's reference) checks that its polyfill
     for `Tensor.__new__` matches the function it finds there."""
     cls, *args = args
-    made = _legacy_new(cls, *args, **kwargs)
-    if cls is not torch.Tensor or "device" in kwargs or any(isinstance(arg, torch.Tensor) for arg in args):
-        return made
-    return made.to(torch.cuda.current_device())
+    if cls is not torch.Tensor or any(isinstance(arg, torch.Tensor) for arg in args):
+        return _legacy_new(cls, *args, **kwargs)
+    device = kwargs.pop("device", None)
+    if device is not None and torch.device(device).type != "cuda":  # tensor_new.cpp's check_legacy_ctor_device
+        raise RuntimeError(f"legacy constructor expects device type: cuda but device type: "
+                           f"{torch.device(device).type} was passed")
+    return _legacy_new(cls, *args, **kwargs).to(torch.cuda.current_device() if device is None else device)
 
 
 def set_default_tensor_type(t):
