@@ -3,6 +3,7 @@ stream contexts, RNG state, legacy constructors, allocator settings, and clear e
 modelled (CUDA graphs, memory history) or runs eagerly (torch.compile)."""
 from __future__ import annotations
 
+import inspect
 import io
 import pickle
 import subprocess
@@ -292,12 +293,66 @@ def test_a_cuda_default_tensor_type_makes_factories_make_gpu_tensors(emu):
         assert (legacy.device, legacy.dtype, legacy.shape) == (torch.device("cuda", 0), torch.float64, (2, 3))
         assert (listed.device, listed.dtype, listed.cpu().tolist()) == (torch.device("cuda", 0), torch.float64,
                                                                        [1.0, 2.0])
+        # a device named, as tensor_new.cpp's check_legacy_ctor_device wants it: of the default type's device type
+        assert torch.Tensor(2, device="cuda:1").device == torch.device("cuda", 1)
+        with pytest.raises(RuntimeError, match="^legacy constructor expects device type: cuda but device type: cpu"):
+            torch.Tensor(2, device="cpu")
         with pytest.raises(TypeError, match="only floating-point types are supported as the default type"):
             torch.set_default_tensor_type(torch.cuda.IntTensor)
     finally:
         torch.set_default_tensor_type(saved)
     assert (torch.tensor(0.5).device, torch.get_default_dtype()) == (torch.device("cpu"), torch.float32)
     assert torch.Tensor(2).device == torch.device("cpu")
+
+
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_a_cuda_default_tensor_type_reaches_normal_and_sparse_tensors():
+    """`torch.normal(0.0, 1.0, size)` (GAN noise) takes a CUDA default tensor type's GPU in C++, where the mode of
+    `torch.device`/`set_default_device` does not reach (PyTorch's list of constructors leaves it out, also on the
+    host); `torch.sparse_coo_tensor` of GPU parts made under such a type runs."""
+    torch.manual_seed(0)
+    want = [torch.normal(0.0, 1.0, (2, 3)), torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (3,))]
+    with torch.device("meta"):
+        host_under_a_default_device = torch.normal(0.0, 1.0, (2,)).device
+    with course.emulate(gpus=2):
+        torch.set_default_tensor_type(torch.cuda.FloatTensor)
+        try:
+            torch.manual_seed(0)
+            got = [torch.normal(0.0, 1.0, (2, 3)), torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (3,))]
+        finally:
+            torch.set_default_tensor_type(torch.FloatTensor)
+        assert [t.device for t in got] == [torch.device("cuda", 0)] * 2
+        got = [t.cpu() for t in got]
+        with torch.device("cuda"):
+            assert torch.normal(0.0, 1.0, (2,)).device == host_under_a_default_device == torch.device("cpu")
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)
+
+
+def _packed_gru(device):
+    torch.manual_seed(0)
+    gru = nn.GRU(3, 4).to(device)
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(4, 3, 3).to(device), [2, 4, 3], enforce_sorted=False)
+    out, hidden = gru(packed)
+    return nn.utils.rnn.pad_packed_sequence(out)[0].cpu(), hidden.cpu()
+
+
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_old_rnn_code_runs_under_a_cuda_default_tensor_type():
+    """A 2018 seq2seq script after `set_default_tensor_type(torch.cuda.FloatTensor)`: packing with a list of lengths
+    (made a host tensor, beside the GPU input) matches plain CPU torch, and `Tensor.__new__` keeps the signature
+    `import torch._dynamo` checks (a mismatch broke that import, so torch.compile and `torch.eye` too)."""
+    want = _packed_gru("cpu")
+    with course.emulate(gpus=1):
+        torch.set_default_tensor_type(torch.cuda.FloatTensor)
+        try:
+            got = _packed_gru("cuda")
+            params = inspect.signature(torch.Tensor.__new__).parameters.values()
+            assert {p.kind for p in params} == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+        finally:
+            torch.set_default_tensor_type(torch.FloatTensor)
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs)
 
 
 # -- random numbers ------------------------------------------------------------------------------------

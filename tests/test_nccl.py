@@ -230,6 +230,40 @@ def test_collectives_and_point_to_point_values():
             "nccl:send to 1", "nccl:recv from 0"} <= names
 
 
+def _under_a_cuda_default_type(rank, world_size):
+    """A launch-era script that set `torch.cuda.FloatTensor` as the default type (rank 0 only: the default device is
+    the process's, which rank threads share): barrier, AVG and point to point."""
+    torch.cuda.set_device(rank)
+    if rank == 0:
+        torch.set_default_tensor_type(torch.cuda.FloatTensor)
+    try:
+        dist.barrier()
+        averaged = torch.arange(3.0, device="cuda") + 10 * rank
+        dist.all_reduce(averaged, op=dist.ReduceOp.AVG)
+        received = torch.zeros(3, device="cuda")
+        if rank == 0:
+            dist.send(averaged * 2, dst=1)
+        else:
+            dist.recv(received, src=0)
+        return str(averaged.device), averaged.cpu(), received.cpu()
+    finally:
+        if rank == 0:
+            torch.set_default_tensor_type(torch.FloatTensor)
+
+
+@pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
+def test_collectives_under_a_cuda_default_tensor_type():
+    """The emulated NCCL's own host tensors (barrier flags, clock messages, AVG's factor) stay on the host when the
+    default type is a CUDA one: the barrier's flag was made an emulated GPU tensor that gloo read as host memory."""
+    with course.emulate(gpus=2):
+        got = course.run_threads(_under_a_cuda_default_type, 2, backend="nccl")
+    mean = (torch.arange(3.0) + torch.arange(3.0) + 10) / 2
+    for rank, (device, averaged, received) in enumerate(got):
+        assert device == f"cuda:{rank}"
+        torch.testing.assert_close(averaged, mean)
+    torch.testing.assert_close(got[1][2], mean * 2)
+
+
 def _uneven(rank, world_size):
     torch.cuda.set_device(rank)
     gathered = [torch.empty(r + 1, device="cuda") for r in range(world_size)]

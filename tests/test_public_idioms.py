@@ -208,8 +208,33 @@ def test_legacy_types_tell_host_from_gpu_tensors(emu):
     assert isinstance(on_gpu.long(), torch.cuda.LongTensor) and not isinstance(on_gpu.long(), torch.LongTensor)
     assert torch.LongTensor([1, 2]).dtype == torch.int64 and on_host.type(torch.DoubleTensor).dtype == torch.float64
     torch.set_default_tensor_type(torch.FloatTensor)
-    with pytest.raises(RuntimeError, match="legacy constructor expects device type: cpu but device type: cuda"):
+    with pytest.raises(TypeError, match=r"^expected TensorOptions\(dtype=float, device=cpu, .*\(got TensorOptions\("
+                                        r"dtype=float, device=cuda:0, "):
         torch.FloatTensor(on_gpu)
+
+
+def test_legacy_cuda_types_alias_a_gpu_tensor_of_their_dtype_as_cpu_types_alias_a_host_one():
+    """`torch.cuda.FloatTensor(t)` (old GAN and detection code) is `t` itself, seen anew, as `torch.FloatTensor(t)`
+    is on the host; a tensor of another dtype or device type gets tensor_new.cpp's TypeError."""
+    host = torch.arange(3.0, requires_grad=True)
+    host_alias = torch.FloatTensor(host)
+    with pytest.raises(TypeError) as host_error:
+        torch.FloatTensor(host.long())
+    with course.emulate(gpus=2):
+        gpu = torch.arange(3.0, device="cuda:1", requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            alias = torch.cuda.FloatTensor(gpu)
+            with pytest.raises(TypeError) as gpu_error:
+                torch.cuda.FloatTensor(gpu.long())
+            with pytest.raises(TypeError, match=r"^expected TensorOptions\(dtype=float, device=cuda, .*device=cpu, "):
+                torch.cuda.FloatTensor(host.detach())
+        assert (alias.device, alias.requires_grad, alias._base is gpu) == (torch.device("cuda", 1), True, True)
+        alias.detach()[0] = 7.0
+        assert gpu[0].item() == 7.0
+    assert (host_alias.requires_grad, host_alias._base is host) == (True, True)
+    assert str(gpu_error.value) == str(host_error.value).replace("device=cpu", "device=cuda", 1).replace(
+        "device=cpu", "device=cuda:1")
 
 
 def test_lists_of_gpu_scalars_become_host_tensors_with_their_dtype(emu):

@@ -16,8 +16,8 @@ import warnings
 
 import torch
 
-from course.cuda import (cuda_bindings, cuda_runtime, device_properties, exporting, fake_cache, graphs, nested_jagged,
-                         rng, sharing, sync_debug, torchscript, wall_clock)
+from course.cuda import (cuda_bindings, cuda_runtime, device_properties, exporting, fake_cache, graphs, legacy_types,
+                         nested_jagged, rng, sharing, sync_debug, torchscript, wall_clock)
 from course.cuda.cuda_bindings import not_modelled
 from course.cuda.devices import CPU, current_emulator, parse_device
 from course.cuda.transfers import nested_not_modelled
@@ -413,7 +413,8 @@ _legacy_warned = False
 def _legacy_tensor_type(name: str, dtype: torch.dtype):
     """`torch.cuda.FloatTensor(2)`, `torch.cuda.LongTensor([1, 2], device=1)`: the CPU constructor's tensor, on
     the current GPU or `device` (a copy from the host, as the legacy constructor does for data), with the warning
-    PyTorch gives once (torch/csrc/tensor/python_tensor.cpp, TORCH_WARN_ONCE)."""
+    PyTorch gives once (torch/csrc/tensor/python_tensor.cpp, TORCH_WARN_ONCE). Given a tensor, it is an alias of a
+    GPU tensor of its dtype (on that tensor's GPU) and refuses any other, as tensor_new.cpp does."""
 
     def __new__(cls, *args, device=None, **kwargs):
         global _legacy_warned
@@ -422,6 +423,13 @@ def _legacy_tensor_type(name: str, dtype: torch.dtype):
             warnings.warn("The torch.cuda.*DtypeTensor constructors are no longer recommended. It's best to use "
                           "methods such as torch.tensor(data, dtype=*, device='cuda') to create tensors.",
                           UserWarning, stacklevel=2)
+        if args and isinstance(args[0], torch.Tensor):  # the C++ parser's `new(Tensor other)`: an alias
+            if device is not None or kwargs or len(args) > 1:
+                raise RuntimeError("Legacy tensor constructor of the form torch.Tensor(tensor, device=device) is not "
+                                   "supported.  Use torch.tensor(...) or torch.as_tensor(...) instead.")
+            if not (args[0].is_cuda and args[0].dtype == dtype):
+                raise legacy_types.type_mismatch(name, "cuda", args[0])
+            return torch.ops.aten.alias.default(args[0])
         return getattr(torch, name)(*args, **kwargs).cuda(device)
 
     return _LegacyTensorMeta(name, (), {"__new__": __new__, "dtype": dtype, "is_cuda": True,

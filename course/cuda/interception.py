@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from course.cuda import (aliasing_factories, attention, cudnn_rnn, device_asserts, functorch_layers, fused_dropout,
                          graph_moves, half_fft, inner_factories, packed_sequences, storages, subclasses)
-from course.cuda.legacy_types import holds_gpu_tensors, on_host
+from course.cuda.legacy_types import gpu_by_default, holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.tensor_attributes import instance_dict, set_instance_dict
 from course.cuda.transfers import (copy_into, copy_with_grad, device_of, is_pinned, move, nbytes_of, pin,
@@ -655,7 +655,7 @@ _HANDLERS.update(device_asserts.handlers())
 attention.register_eager_flex_attention(lambda: EmulatorMode())
 
 # Calls that may need routing even with no keyword arguments: the rest go straight to their kernels.
-_ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors()
+_ROUTED = frozenset(_HANDLERS) | torch.utils._device._device_constructors() | {torch.normal}
 
 # Calls inside which PyTorch's C++ (the autograd engine, DDP's reducer hooks) issues ops of its own.
 ENGINE_ENTRY_POINTS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
@@ -735,14 +735,14 @@ def _sparse_from_tensors(func, args, kwargs):
     check = kwargs.get("check_invariants")
     check = bool(check or check is None and torch.sparse.check_sparse_tensor_invariants.is_enabled())
     sized = len(args) > (2 if func is torch.sparse_coo_tensor else 3) or kwargs.get("size") is not None
-    if check or not sized:
-        with torch._C.DisableTorchFunctionSubclass():
+    with torch._C.DisableTorchFunction():  # a default device's mode would name the GPU to CPU torch's constructor
+        if check or not sized:
             on_the_host = func(*on_host(args), **dict(kwargs, check_invariants=check))
-        if not sized:
-            kwargs["size"] = on_the_host.shape
-        if check:
-            kwargs["check_invariants"] = False
-    return _run_unrouted(func, (), args, kwargs)
+            if not sized:
+                kwargs["size"] = on_the_host.shape
+            if check:
+                kwargs["check_invariants"] = False
+        return func(*args, **kwargs)
 
 
 def _route_torch_function(func, args, kwargs):
@@ -774,7 +774,8 @@ def _route_torch_function(func, args, kwargs):
 def _route_factory(func, args, kwargs):
     """A call no handler takes: a factory aimed at a GPU is made there, anything else runs as it is."""
     device = kwargs.get("device") if kwargs else None
-    if device is None and func in torch.utils._device._device_constructors():
+    if device is None and (func in torch.utils._device._device_constructors()
+                           or _of_the_default_type(func, args, kwargs)):
         device = _default_device()
     if device is not None and isinstance(kwargs.get("out"), torch.Tensor):  # the kernel writes into `out`, where it is
         _check_out_device(device, kwargs["out"])
@@ -791,6 +792,13 @@ def _route_factory(func, args, kwargs):
             return pin(func(*args, **dict(kwargs, pin_memory=False)), copy=False)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def _of_the_default_type(func, args, kwargs) -> bool:
+    """`torch.normal(0.0, 1.0, size)` after a CUDA default tensor type: its C++ takes the default type's device, a GPU,
+    while `torch.set_default_device`'s mode, which PyTorch's list of constructors leaves it out of, does not move it."""
+    return func is torch.normal and gpu_by_default() and \
+        not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values()))
 
 
 def _check_out_device(device, out: torch.Tensor) -> None:

@@ -55,8 +55,8 @@ def _host_type(name: str):
     original = getattr(torch, name)
 
     def __new__(cls, *args, **kwargs):
-        if args and isinstance(args[0], EmulatedTensor) and args[0]._device_index != CPU:
-            raise RuntimeError("legacy constructor expects device type: cpu but device type: cuda was passed")
+        if len(args) == 1 and not kwargs and isinstance(args[0], EmulatedTensor) and args[0]._device_index != CPU:
+            raise type_mismatch(name, "cpu", args[0])
         if args and holds_gpu_tensors(args[0]):
             args = (on_host(args[0]),) + args[1:]
         return original(*args, **kwargs)
@@ -69,6 +69,18 @@ def _host_type(name: str):
 HOST_TYPES = {name: _host_type(name) for name in NAMES}
 
 
+def type_mismatch(name: str, device_type: str, other: torch.Tensor) -> TypeError:
+    """tensor_new.cpp's error for `torch.FloatTensor(t)` or `torch.cuda.FloatTensor(t)` with a tensor of another dtype
+    or device type, in c10's words for TensorOptions: the host constructor's own error for a meta tensor of the
+    other's dtype gives them, and the devices are put in."""
+    try:
+        HOST_TYPES[name]._original(torch.empty(0, dtype=other.dtype, device="meta"))
+    except TypeError as error:
+        expected, got = str(error).split(" (got ", 1)
+    return TypeError(f"{expected.replace('device=cpu', f'device={device_type}', 1)} "
+                     f"(got {got.replace('device=meta', f'device={other.device}', 1)}")
+
+
 def _original_type(value):
     return value._original if isinstance(value, _HostTypeMeta) else value
 
@@ -78,14 +90,20 @@ _gpu_default = False  # whether a `torch.cuda.*Tensor` type made the GPU the def
 _legacy_new = torch._C.TensorBase.__new__
 
 
-def _on_the_gpu_by_default(cls, *args, **kwargs):
+def _on_the_gpu_by_default(*args, **kwargs):
     """`torch.Tensor(2, 3)` or `torch.Tensor([1., 2.])` after a CUDA default tensor type: PyTorch's legacy
     constructor makes it on the current GPU (old SSD and YOLO code relies on it); set_default_device does not
-    reach that constructor, so while such a type is the default it is this function."""
-    made = _legacy_new(cls, *args, **kwargs)
-    if cls is not torch.Tensor or "device" in kwargs or any(isinstance(arg, torch.Tensor) for arg in args):
-        return made
-    return made.to(torch.cuda.current_device())
+    reach that constructor, so while such a type is the default it is this function. Its signature is C's
+    `(*args, **kwargs)`: importing torch._dynamo (torch.compile, torch.eye's reference) checks that its polyfill
+    for `Tensor.__new__` matches the function it finds there."""
+    cls, *args = args
+    if cls is not torch.Tensor or any(isinstance(arg, torch.Tensor) for arg in args):
+        return _legacy_new(cls, *args, **kwargs)
+    device = kwargs.pop("device", None)
+    if device is not None and torch.device(device).type != "cuda":  # tensor_new.cpp's check_legacy_ctor_device
+        raise RuntimeError(f"legacy constructor expects device type: cuda but device type: "
+                           f"{torch.device(device).type} was passed")
+    return _legacy_new(cls, *args, **kwargs).to(torch.cuda.current_device() if device is None else device)
 
 
 def set_default_tensor_type(t):
@@ -103,6 +121,11 @@ def set_default_tensor_type(t):
         return
     host_by_default()
     _set_default_tensor_type(_original_type(host_type if isinstance(t, str) else t))
+
+
+def gpu_by_default() -> bool:
+    """Whether a `torch.cuda.*Tensor` type is the default one."""
+    return _gpu_default
 
 
 def host_by_default() -> None:

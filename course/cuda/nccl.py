@@ -59,8 +59,8 @@ def _premul_sum(opts, tensors, in_place: bool):
         return tensors
     factor = _unwrap(opts.reduceOp.factor)
     opts.reduceOp = dist.ReduceOp.SUM
-    scale = (lambda t: t.mul_(torch.as_tensor(factor, dtype=t.dtype))) if in_place else \
-        (lambda t: t * torch.as_tensor(factor, dtype=t.dtype))
+    scale = (lambda t: t.mul_(torch.as_tensor(factor, dtype=t.dtype, device="cpu"))) if in_place else \
+        (lambda t: t * torch.as_tensor(factor, dtype=t.dtype, device="cpu"))
     return _map(scale, tensors)
 
 
@@ -162,7 +162,7 @@ class _Recv(_Done):
     def __init__(self, group, tensors, src: int, tag: int):
         super().__init__(group, 0, list(tensors))
         self._tensors, self._src = tensors, src
-        self._sender_ready = torch.zeros(1, dtype=_TIME)
+        self._sender_ready = torch.zeros(1, dtype=_TIME, device="cpu")
         self._buffers = [t.contiguous() for t in _unwrap(tensors)]  # NCCL receives into any layout, gloo does not
         self._pending = [group._gloo.recv(self._buffers, src, tag),
                          group._gloo.recv([self._sender_ready], src, tag)]
@@ -199,7 +199,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         self._gloo_group = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._streams: dict[int, int] = {}
         self._device: int | None = None  # the rank's GPU, learnt from the first tensors it sends
-        self._sent_clock = torch.zeros(1, dtype=_TIME)
+        self._sent_clock = torch.zeros(1, dtype=_TIME, device="cpu")
         _install_sharded_support(self._emu)
 
     @property
@@ -366,7 +366,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         self._check_device_types(tensors)
         nccl_checks.check_tensors(tensors)
         device, stream = self._lane(tensors)
-        start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
+        start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME, device="cpu")
         _needs_values(name, tensors)
         call().wait()
         if finish is not None:
@@ -571,7 +571,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         if graphs.is_current_stream_capturing():  # NCCL's barrier synchronizes the device after its all-reduce
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing (dist.barrier "
                                "synchronizes the device, inside torch.cuda.graph capture)")
-        flag = torch.zeros(1)
+        flag = torch.zeros(1, device="cpu")
         return self._collective("barrier", self._link_cost(costs.ring_allreduce_ns),
                                 lambda: self._gloo.allreduce([flag]), [], [], 0)
 
@@ -584,7 +584,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         nccl_checks.check_tensors(tensors, p2p=True)
         device, stream = self._lane(tensors)
         ready = self._ready_ns(tensors, device, stream)
-        clock_msg = torch.tensor([ready], dtype=_TIME)
+        clock_msg = torch.tensor([ready], dtype=_TIME, device="cpu")
         works = [self._gloo.send([t.contiguous() for t in _unwrap(tensors)], dst, tag),
                  self._gloo.send([clock_msg], dst, tag)]
         nbytes = _nbytes(tensors)

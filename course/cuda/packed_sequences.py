@@ -4,7 +4,8 @@ CUDA PyTorch wants the lengths as a 1-D CPU int64 tensor (or a list): its packin
 and keeps the batch sizes it computes there, where the packed RNN kernels and `pad_packed_sequence` read them.
 The packing itself is PyTorch's own composite kernel (slices of the input and a `cat`, all on the GPU), called
 below the autograd layer so that autograd records those ops; on a CPU build the emulator's device check would
-otherwise refuse the host lengths beside a GPU input.
+otherwise refuse the host lengths beside a GPU input. That call passes no torch function mode: one (the device
+context of `set_default_tensor_type(torch.cuda.FloatTensor)`) would call the operator again, through the dispatcher.
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def pack_padded_sequence(input, lengths, batch_first):
             raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got {lengths.dim()}D "
                                f"{lengths.device} {scalar} tensor")
         lengths = lengths._inner
-    with torch._C.DisableTorchFunctionSubclass():
-        if not isinstance(input, EmulatedTensor) or input._device_index == CPU:
+    if not isinstance(input, EmulatedTensor) or input._device_index == CPU:
+        with torch._C.DisableTorchFunctionSubclass():
             return torch._VF._pack_padded_sequence(input, lengths, batch_first)
+    with torch._C.DisableTorchFunction():
         return _PACK._op_dk(_COMPOSITE, input, lengths, batch_first)
 
 
@@ -54,7 +56,7 @@ def pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_len
         for sequence in range(batch, previous_batch):
             lengths[sequence] = step
         previous_batch = batch
-    return output.transpose(0, 1) if batch_first else output, torch.tensor(lengths, dtype=torch.int64)
+    return output.transpose(0, 1) if batch_first else output, torch.tensor(lengths, dtype=torch.int64, device="cpu")
 
 
 def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
