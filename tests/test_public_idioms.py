@@ -1,6 +1,7 @@
 """Idioms common in public training scripts, each checked against plain CPU torch under the emulator."""
 import copy
 import queue
+import re
 import threading
 import warnings
 import weakref
@@ -1270,6 +1271,34 @@ def test_sdpa_with_math_off_stops_where_no_fused_cuda_kernel_takes_the_inputs():
         warnings.simplefilter("ignore")
         with pytest.raises(RuntimeError, match="No available kernel"):
             torch.nn.functional.scaled_dot_product_attention(*(q32.half().cuda(),) * 3)
+
+
+def test_sdpa_takes_unequal_head_counts_only_as_cuda_does():
+    """Grouped-query heads without `enable_gqa=True` stop on a GPU (no fused kernel takes them; math's matmul cannot
+    broadcast 8 heads against 2), where the CPU's fused op the emulator ran grouped them quietly; one key/value head
+    broadcasts through math as on the CPU. With math off, torch 2.13's memory-efficient kernel refuses grouped heads
+    and flash takes them (`check_batch_size_and_num_heads_dense`)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    torch.manual_seed(0)
+    q, k2, k1 = torch.randn(2, 8, 16, 32), torch.randn(2, 2, 16, 32), torch.randn(2, 1, 16, 32)
+    with pytest.raises(RuntimeError) as plain:
+        sdpa(q, k2, k2)
+    mqa = sdpa(q, k1, k1, is_causal=True)
+    with course.emulate(gpus=1):
+        with pytest.raises(RuntimeError, match=re.escape(str(plain.value))):
+            sdpa(q.cuda(), k2.cuda(), k2.cuda())
+        torch.testing.assert_close(sdpa(q.cuda(), k1.cuda(), k1.cuda(), is_causal=True).cpu(), mqa)
+        for backend, dtype, gqa in ((SDPBackend.EFFICIENT_ATTENTION, torch.float32, True),
+                                    (SDPBackend.FLASH_ATTENTION, torch.float16, False)):
+            with sdpa_kernel([backend]), warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                with pytest.raises(RuntimeError, match="No available kernel"):
+                    sdpa(q.to("cuda", dtype), k2.to("cuda", dtype), k2.to("cuda", dtype), enable_gqa=gqa)
+            assert any("require query, key and value to have the same num_heads" in str(w.message) for w in said)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            got = sdpa(q.half().cuda(), k2.half().cuda(), k2.half().cuda(), enable_gqa=True)
+        torch.testing.assert_close(got.float().cpu(), sdpa(q, k2, k2, enable_gqa=True), atol=2e-3, rtol=2e-3)
 
 
 def test_sync_debug_mode_flags_the_operations_that_wait_for_the_gpu(emu):

@@ -137,17 +137,20 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     The fused CPU op needs as many key/value heads as query heads. With grouped-query attention and no mask,
     each query row attends to all keys of its key/value head independently, so the query heads of one group
     are folded into its sequence (what CUDA's flash kernel does by indexing, without copying keys or values).
-    Dropout (the CPU fused op has none), nested tensors and a math-only backend take PyTorch's path.
+    Dropout (the CPU fused op has none), nested tensors, a math-only backend and unequal head counts without
+    `enable_gqa` (no fused CUDA kernel takes them, and math broadcasts a single key/value head or stops, where the
+    CPU's fused op would quietly group the heads) take PyTorch's path.
     """
     on_gpu = _on_emulated_gpu(query, key, value)
     if on_gpu and not query.is_nested and query.dim() == 4:  # stops where a GPU finds no kernel (math turned off)
         sdpa_backends.check(current_emulator("F.scaled_dot_product_attention").gpu.compute_capability, query, key,
-                            value, attn_mask, dropout_p, is_causal)
+                            value, attn_mask, dropout_p, is_causal, enable_gqa)
     if on_gpu and attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does first, on every backend
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(),
                                                                                 -float("inf"))
     fused = _fused_kernels_enabled() and dropout_p == 0 and not query.is_nested and query.dim() == 4
-    if not (on_gpu and fused and query.shape[-1] == value.shape[-1]):
+    same_heads = query.dim() == 4 and query.shape[1] == key.shape[1] == value.shape[1]
+    if not (on_gpu and fused and query.shape[-1] == value.shape[-1] and (same_heads or enable_gqa)):
         return _SDPA(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=enable_gqa)

@@ -6,7 +6,9 @@ why each one refused and stops with "No available kernel. Aborting execution." T
 CPU kernels that take anything, so without this a program that stops on a GPU (float32 into flash attention, a mask
 into flash attention) ran here. The checks are those of `select_sdp_backend` in
 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp for dense 4-D inputs, with its warnings' words; cuDNN's layout
-and stride checks are left out, so cuDNN attention is taken a little more often than on a GPU, never less.
+and stride checks are left out, so cuDNN attention is taken a little more often than on a GPU, never less. Unequal
+head counts are grouped-query attention only with `enable_gqa=True`, which torch 2.13's flash and cuDNN kernels take
+and its memory-efficient kernel refuses (`check_batch_size_and_num_heads_dense` in sdp_utils_cpp.h).
 """
 from __future__ import annotations
 
@@ -25,7 +27,32 @@ def _head_dims(query, key, value):
     return query.shape[-1], key.shape[-1], value.shape[-1]
 
 
-def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal) -> str | None:
+def _heads_refusal(query, key, value, enable_gqa, gqa_kernel, same_kv_heads=True) -> str | None:
+    """`check_batch_size_and_num_heads_dense`: one batch size, and one head count unless a kernel that takes
+    grouped-query attention is asked for it, when the query's heads must be a multiple of the key's and value's."""
+    sizes = f"Query.sizes(): {list(query.shape)}, Key sizes(): {list(key.shape)}, Value sizes(): {list(value.shape)}"
+    if not query.shape[0] == key.shape[0] == value.shape[0]:
+        return (f"For dense inputs, both fused kernels require query, key and value to have the same batch_size. "
+                f"{sizes.replace('Key sizes()', 'Key.sizes()').replace('Value sizes()', 'Value.sizes()')} instead. "
+                "To broadcast dense inputs, try using unsqueeze and expand_to before passing them into the kernel.")
+    heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
+    if enable_gqa and gqa_kernel:
+        if same_kv_heads and k_heads != v_heads:
+            return ("Both fused kernels require key and value to have the same num_heads and batch_size but got: "
+                    f"Key sizes: {list(key.shape)}, Value sizes: {list(value.shape)}, Query sizes: "
+                    f"{list(query.shape)} instead.")
+        if heads % k_heads or (not same_kv_heads and heads % v_heads):
+            return ("The number of heads in key/value must divide number of heads in query.Got input Key sizes(): "
+                    f"{k_heads}, Value sizes(): {v_heads}, Query sizes(): {heads} instead.")
+        return None
+    if not heads == k_heads == v_heads:
+        return (f"For dense input, both fused kernels require query, key and value to have the same num_heads. {sizes}"
+                " instead. To broadcast dense inputs, try using unsqueeze and expand_to before passing them into the "
+                "kernel.")
+    return None
+
+
+def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
     dq, dk, dv = _head_dims(query, key, value)
     if attn_mask is not None:
         return "Flash Attention does not support non-null attn_mask."
@@ -44,10 +71,10 @@ def _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causa
         return (f"Flash attention does not support the is_causal flag when seqlen_q != seqlen_k. Got seqlen_q: "
                 f"{query.shape[-2]} seqlen_k: {key.shape[-2]}.")
     allowed = LOW_PRECISION if cc >= (8, 0) else (torch.float16,)
-    return _dtype_refusal(dtypes, allowed)
+    return _dtype_refusal(dtypes, allowed) or _heads_refusal(query, key, value, enable_gqa, gqa_kernel=True)
 
 
-def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
+def _mem_efficient_refusal(cc, dtypes, query, key, value, enable_gqa) -> str | None:
     if not _in_range(cc, (5, 0), (12, 1)):
         return ("Mem Efficient Attention only supports gpu architectures in the range [sm50, sm121]. Attempting to "
                 f"run on a sm {cc[0]}.{cc[1]} gpu.")
@@ -62,10 +89,10 @@ def _mem_efficient_refusal(cc, dtypes, query, key, value) -> str | None:
         return ("Mem efficient attention on sm80 or newer requires q, k, and v storage offsets * element_size to be "
                 f"aligned to {alignment * torch.finfo(dtypes[0]).bits // 8} bytes.")
     allowed = (torch.float16, torch.float32, torch.bfloat16) if cc >= (8, 0) else (torch.float16, torch.float32)
-    return _dtype_refusal(dtypes, allowed)
+    return _heads_refusal(query, key, value, enable_gqa, gqa_kernel=False) or _dtype_refusal(dtypes, allowed)
 
 
-def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p) -> str | None:
+def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, enable_gqa) -> str | None:
     if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
         return "cuDNN SDPA is not deterministic."
     refused = _dtype_refusal(dtypes, LOW_PRECISION)
@@ -76,6 +103,9 @@ def _cudnn_refusal(cc, dtypes, query, key, value, dropout_p) -> str | None:
                 f"{cc[0]}.{cc[1]} gpu.")
     if dropout_p * 16.0 != int(dropout_p * 16.0):
         return "cuDNN dropout probability resolution is limited to 1/16."
+    heads = _heads_refusal(query, key, value, enable_gqa, gqa_kernel=True, same_kv_heads=False)
+    if heads:
+        return heads
     dq, _, dv = _head_dims(query, key, value)
     limit = 192 if cc == (9, 0) and (dq, dv) == (192, 128) else 128  # cuDNN 9.10 (build_info.CUDNN_VERSION)
     if dq > limit or dv > limit:
@@ -103,23 +133,23 @@ def _dtypes_after_autocast(*tensors) -> tuple:
     return tuple(cast if t.is_floating_point() and t.dtype is not torch.float64 else t.dtype for t in tensors)
 
 
-def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal) -> str:
+def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=False) -> str:
     """The kernel a GPU picks for a dense call: "flash", "mem", "math" or "cudnn", the first enabled one that takes
     it in `priority_order`'s default order (flash, memory-efficient, math, cuDNN)."""
     backends = torch.backends.cuda
     dtypes = _dtypes_after_autocast(query, key, value)
     if backends.flash_sdp_enabled() and not _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p,
-                                                           is_causal):
+                                                           is_causal, enable_gqa):
         return "flash"
-    if backends.mem_efficient_sdp_enabled() and not _mem_efficient_refusal(cc, dtypes, query, key, value):
+    if backends.mem_efficient_sdp_enabled() and not _mem_efficient_refusal(cc, dtypes, query, key, value, enable_gqa):
         return "mem"
     if backends.math_sdp_enabled():
         return "math"
-    check(cc, query, key, value, attn_mask, dropout_p, is_causal)  # stops with the GPU's words unless cuDNN takes it
+    check(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)  # stops with the GPU's words unless cuDNN takes it
     return "cudnn"
 
 
-def check(cc, query, key, value, attn_mask, dropout_p, is_causal) -> None:
+def check(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=False) -> None:
     """Stop as a GPU stops when math attention is off and no enabled fused kernel takes the call (nothing to do
     while the math fallback is on, PyTorch's default)."""
     backends = torch.backends.cuda
@@ -133,11 +163,11 @@ def check(cc, query, key, value, attn_mask, dropout_p, is_causal) -> None:
     dtypes = _dtypes_after_autocast(query, key, value)
     refusals = {
         "mem": "Memory Efficient attention has been runtime disabled." if not enabled["mem"] else
-        _mem_efficient_refusal(cc, dtypes, query, key, value),
+        _mem_efficient_refusal(cc, dtypes, query, key, value, enable_gqa),
         "flash": "Flash attention has been runtime disabled." if not enabled["flash"] else
-        _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal),
+        _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa),
         "cudnn": "CuDNN attention has been runtime disabled." if not enabled["cudnn"] else
-        _cudnn_refusal(cc, dtypes, query, key, value, dropout_p),
+        _cudnn_refusal(cc, dtypes, query, key, value, dropout_p, enable_gqa),
     }
     if any(reason is None for reason in refusals.values()):
         return
