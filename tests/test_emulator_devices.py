@@ -1514,6 +1514,31 @@ def test_lazy_modules_move_and_materialize_on_gpus_as_on_the_cpu(emu):
     assert nn.parameter.is_lazy(host.weight) and host(torch.ones(2, 4, dtype=torch.float64)).shape == (2, 3)
 
 
+def test_to_empty_from_meta_unties_shared_weights_as_pytorch_does():
+    """`to_empty` of a meta-initialized model gives each module a new Parameter (meta and GPU tensors are not
+    shallow-copy compatible), so a tied embedding and head are two weights after it, as plain CPU torch's
+    `to_empty(device="cpu")` leaves them; the emulator's forced swap kept them one. A program that asks for swaps
+    itself keeps them tied in PyTorch too; a non-meta model moved to a GPU keeps its tie."""
+    def tied(device):
+        with torch.device("meta"):
+            net = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 7, bias=False), nn.Linear(7, 7))
+        net[1].weight = net[0].weight
+        net.to_empty(device=device)
+        return net[1].weight is net[0].weight, len(list(net.parameters())), {p.device for p in net.parameters()}
+
+    want = tied("cpu")
+    with course.emulate(gpus=1):
+        assert want[:2] == (False, 4) and tied("cuda")[:2] == want[:2] and tied("cuda")[2] == {torch.device("cuda", 0)}
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            assert tied("cuda")[:2] == (True, 3)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+        host = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 7, bias=False))
+        host[1].weight = host[0].weight
+        assert host.cuda()[1].weight is host[0].weight
+
+
 def test_models_converted_in_threads_at_once_leave_module_swapping_off():
     """Rank threads convert their models at the same time; the swap flag `.to()` turns on must be off after all."""
     def convert():
