@@ -274,6 +274,26 @@ def test_fork_rng_restores_the_generator(emu):
     torch.testing.assert_close(torch.randn(4, device="cuda:0").cpu(), expected)
 
 
+def test_a_gpu_that_fork_rng_leaves_out_goes_on_drawing(emu):
+    """`fork_rng(devices=[0])` restores the CPU's and cuda:0's states only: cuda:1's draws inside it go on from
+    its own stream on a GPU box, where the shared generator rolled them back and drew them again after the fork."""
+    emu.stop()
+    torch.manual_seed(5)
+    want = [torch.rand(3), torch.rand(3)]
+    emu.start()
+    torch.manual_seed(5)
+    with torch.random.fork_rng(devices=[0]):
+        torch.manual_seed(9)  # the forked stream, restored at the end
+        inside = torch.rand(3, device="cuda:1")
+        torch.rand(3, device="cuda:0")
+    after = torch.rand(3, device="cuda:1")
+    assert torch.equal(inside.cpu(), want[0]) and torch.equal(after.cpu(), want[1])
+    torch.manual_seed(5)
+    with torch.random.fork_rng(devices=[0, 1]):
+        torch.rand(3, device="cuda:1")
+    assert torch.equal(torch.rand(3, device="cuda:1").cpu(), want[0])
+
+
 def test_seeding_functions(emu):
     torch.cuda.manual_seed(7)
     assert torch.cuda.initial_seed() == 7

@@ -1214,6 +1214,34 @@ def test_selective_checkpointing_sees_and_saves_the_fused_attention_op_a_gpu_run
     assert on_gpu.get_total_flops() == matmuls.get_total_flops() > 0
 
 
+def test_checkpoint_restores_the_rng_of_its_inputs_gpus_only(emu):
+    """A checkpointed region whose input is on cuda:0 and whose dropout runs on cuda:1 recomputes with a new mask on
+    a GPU box (checkpoint stashes its inputs' devices' states; torch.cuda._initialized says CUDA is in use): the
+    gradient is the one for the mask drawn next, here computed on plain CPU torch. With the dropout on cuda:0 the
+    recomputation is exact."""
+    from torch.utils.checkpoint import checkpoint
+
+    def region(x, device):
+        return nn.functional.dropout(x.to(device) * 2, 0.5)
+
+    def run(device, ckpt, manual=False):
+        torch.manual_seed(0)
+        x = torch.randn(6, 5, device=device and "cuda:0", requires_grad=True)
+        if manual:  # the forward's mask drawn and dropped, the next one used for the gradient
+            nn.functional.dropout(torch.ones(6, 5), 0.5)
+        y = checkpoint(region, x, device, use_reentrant=False) if ckpt else region(x, device)
+        y.backward(torch.arange(30.0, device=y.device).view(6, 5))
+        return y.detach().cpu(), x.grad.cpu(), torch.rand(2, device=y.device).cpu()
+
+    emu.stop()
+    plain, next_mask = run(None, False), run(None, False, manual=True)
+    emu.start()
+    same, crossing = run("cuda:0", True), run("cuda:1", True)
+    assert all(torch.equal(a, b) for a, b in zip(same, plain))
+    assert torch.equal(crossing[0], plain[0]) and torch.equal(crossing[1], next_mask[1])
+    assert torch.equal(crossing[2], next_mask[2]) and not torch.equal(crossing[1], plain[1])
+
+
 def test_dropout_runs_cudas_fused_kernel_keeping_a_bool_mask(emu):
     """ATen's dropout takes `native_dropout` for a CUDA input: autograd keeps a 1-byte mask, not the CPU path's noise
     in the input's dtype, and half-precision gradients scale in float. Seeded float32 values equal the CPU's."""

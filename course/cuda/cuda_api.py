@@ -544,6 +544,8 @@ NESTED_PATCHES = [(torch.nested, {name: _host_only_nested(getattr(torch.nested, 
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
+    # what torch.utils.checkpoint reads to stash the GPUs' random states, as after CUDA's lazy init on a GPU box
+    "_initialized": True,
     "_is_in_bad_fork": sharing.in_bad_fork,
     "device_count": device_count,
     "current_device": current_device,
