@@ -1063,6 +1063,23 @@ def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
     assert torch._int_mm(a[:8], b).shape == (8, 16)  # the CPU kernel takes it
 
 
+def test_weight_int8pack_mm_takes_what_cudas_kernel_takes(emu):
+    """torch._weight_int8pack_mm on a GPU computes in float32 from contiguous copies and returns the activations'
+    dtype (int8mm.cu): a transposed bf16 or a float64 activation, which the CPU kernel refuses, gives the
+    dequantized product; a float weight is refused."""
+    torch.manual_seed(0)
+    x, w, scales = torch.randn(16, 8).t(), torch.randint(-128, 128, (5, 16), dtype=torch.int8), torch.rand(5)
+    with pytest.raises(RuntimeError, match="A must be contiguous"):
+        torch._weight_int8pack_mm(x.bfloat16(), w, scales)
+    for dtype in (torch.bfloat16, torch.float64):
+        got = torch._weight_int8pack_mm(x.to("cuda", dtype), w.cuda(), scales.cuda())
+        assert got.dtype == dtype and got.device.type == "cuda"
+        want = ((x.to(dtype).float().contiguous() @ w.float().t()) * scales).to(dtype)
+        torch.testing.assert_close(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="expected scalar type Char but found Float"):
+        torch._weight_int8pack_mm(x.cuda(), w.float().cuda(), scales.cuda())
+
+
 def test_cudnn_convolutions_compute_and_cost_as_the_convolutions_they_are(emu):
     """torch.cudnn_convolution(_transpose) (on CUDA autocast's lower-precision list, called directly by some programs)
     has no CPU kernel: on emulated GPUs it gives conv2d's values and gradients, autocasts to float16, and is timed as

@@ -134,6 +134,24 @@ def int_mm(mat1, mat2):
     return aten._int_mm.default(mat1, mat2)
 
 
+def weight_int8pack_mm(x, weight, scales):
+    """CUDA's int8 weight-only GEMM (`_weight_int8pack_mm_cuda`, aten/src/ATen/native/cuda/int8mm.cu) makes float32
+    contiguous copies of its inputs, whatever their layout and float dtype, accumulates in float32 and returns the
+    activations' dtype; the CPU kernel refuses non-contiguous or float64 activations, a transposed weight and scales of
+    another dtype than the activations'."""
+    for tensor, name, dims in ((x, "x", 2), (weight, "w", 2), (scales, "scale", 1)):
+        if tensor.dim() != dims:
+            raise RuntimeError(f"{name} must be {dims}D")
+    if x.size(1) != weight.size(1):
+        raise RuntimeError("K dimension mismatch: x.size(1) != w.size(1)")
+    if weight.size(0) != scales.size(0):
+        raise RuntimeError("Output dim mismatch: w.size(0) != scale.size(0)")
+    if weight.dtype != torch.int8:
+        raise RuntimeError(f"expected scalar type Char but found {torch.empty(0, dtype=weight.dtype).type()[6:-6]}")
+    out = aten.mm(x.float().contiguous(), weight.float().t()) * scales.float()
+    return out.to(x.dtype)
+
+
 def cudnn_convolution(x, weight, padding, stride, dilation, groups, benchmark, deterministic, allow_tf32):
     """cuDNN's convolution without bias, which PyTorch's CUDA autocast lists and some programs call directly: the
     convolution every backend computes (aten/src/ATen/native/cudnn/ConvShared.cpp); TF32 is timed, not applied."""
@@ -293,4 +311,5 @@ KERNELS = {
     aten._linalg_svd.default: linalg_svd,
     aten._scaled_mm.default: scaled_mm,
     aten._int_mm.default: int_mm,
+    aten._weight_int8pack_mm.default: weight_int8pack_mm,
 }
