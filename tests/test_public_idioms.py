@@ -1035,7 +1035,8 @@ def _float8(shape):
 
 def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
     """torch._scaled_mm: an A100 (sm_80) refuses it with CUDA's error, where the CPU kernel would compute it; an H100
-    computes what the CPU does, and refuses the shapes cuBLASLt cannot take."""
+    computes what the CPU does, and refuses the shapes and layouts cuBLASLt cannot take (a row-major first and a
+    column-major second operand only)."""
     torch.manual_seed(0)
     (a, sa), (b, sb) = _float8((32, 64)), _float8((48, 64))
     on_cpu = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
@@ -1049,7 +1050,11 @@ def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
         (c, sc) = _float8((32, 24))
         with pytest.raises(RuntimeError, match=r"trailing dimension of mat1 to be divisible by 16"):
             torch._scaled_mm(c.cuda(), b.cuda()[:, :24].t(), scale_a=sc.cuda(), scale_b=sb.cuda())
+        for first, second in ((a, b.t().contiguous()), (a.t().contiguous().t(), b.t())):  # not row x column-major
+            with pytest.raises(RuntimeError, match="Only multiplication of row-major and column-major matrices"):
+                torch._scaled_mm(first.cuda(), second.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda())
     torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes it
+    torch._scaled_mm(a, b.t().contiguous(), scale_a=sa, scale_b=sb)
 
 
 def test_int_mm_takes_the_shapes_cublaslt_takes(emu):

@@ -8,6 +8,7 @@ statistics in float32 for half-precision inputs.
 from __future__ import annotations
 
 import torch
+import torch._prims_common
 
 from course.cuda import fused_attention_ops, half_accumulation, half_fft, sparse_add, unpivoted_lu
 from course.cuda.devices import current_emulator
@@ -119,7 +120,19 @@ def scaled_mm(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dt
             raise RuntimeError(f"mat2 shape ({mat2.size(0)}x{mat2.size(1)}) must be divisible by 16")
         if mat1.dtype == mat2.dtype == torch.float8_e5m2:
             raise ValueError("Multiplication of two Float8_e5m2 matrices is not supported")
+        if _cublas_transposed(mat2) or not _cublas_transposed(mat1):
+            raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
     return aten._scaled_mm.default(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+
+
+def _cublas_transposed(matrix) -> bool:
+    """`prepare_matrix_for_cublas`'s transpose flag (aten/src/ATen/native/cuda/Blas.cpp): True for a row-major matrix
+    (or one copied to be); float8 GEMMs take only a row-major first and a column-major second operand (the "TN"
+    layout `cublasCommonArgs` asks cuBLASLt for when it computes the row-major result as its transpose)."""
+    if torch._prims_common.is_non_overlapping_and_dense_or_false(matrix):
+        return matrix.is_contiguous()
+    rows_stride, cols_stride = matrix.stride()
+    return not (rows_stride == 1 and cols_stride >= max(1, matrix.size(0)))
 
 
 def int_mm(mat1, mat2):
