@@ -1147,6 +1147,15 @@ def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
     assert shifted(x.to("cuda")).cpu().tolist() == [-5.0, -4.0, -3.0]
     assert any(e.device == "cuda:0" and e.kind == "kernel" for e in emu.trace[before:])
 
+    @torch.library.custom_op("course_test_kernels::halved", mutates_args=())
+    def halved(x: torch.Tensor) -> torch.Tensor:  # one body for every device: a GPU runs it on its CUDA tensors
+        return (x / 2).exp()
+
+    before = len(emu.trace)
+    torch.testing.assert_close(halved(x.to("cuda:1")).cpu(), halved(x))
+    assert [e.name for e in emu.trace[before:] if e.device == "cuda:1" and e.kind == "kernel"][-2:] == \
+        ["aten::div", "aten::exp"]
+
 
 def test_flex_attention_runs_eagerly_on_a_gpu_with_the_cpus_numbers():
     """flex_attention without torch.compile runs PyTorch's dense implementation on a GPU; on emulated GPUs it found

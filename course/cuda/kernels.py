@@ -13,6 +13,7 @@ import warnings
 
 import torch
 import torch.utils._pytree
+from torch._library import custom_ops
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_asserts, device_checks, foreach_devices,
@@ -134,10 +135,12 @@ class _OpInfo:
             self.gpu_check = _both(device_checks.check_convolution_types, self.gpu_check)
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
-        # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
-        # has in C++ (c10d's collectives, two aten/_native ops) are the emulator's to model.
-        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim") and \
-            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
+        # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. So does a custom op's one
+        # body for every device (torch/nn/attention/varlen.py's torch_attn ops): on a GPU it runs on CUDA tensors and
+        # calls their CUDA kernels. The CUDA kernels a CPU build has in C++ (c10d's collectives, two aten/_native ops)
+        # are the emulator's to model.
+        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim", "prims") and (
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA") or func.name() in custom_ops.OPDEFS)
 
 
 def _both(first, second):
