@@ -388,6 +388,26 @@ def test_fork_rng_restores_the_generator(emu):
     torch.testing.assert_close(torch.randn(4, device="cuda:0").cpu(), expected)
 
 
+def test_a_gpu_that_fork_rng_leaves_out_goes_on_drawing(emu):
+    """`fork_rng(devices=[0])` restores the CPU's and cuda:0's states only: cuda:1's draws inside it go on from
+    its own stream on a GPU box, where the shared generator rolled them back and drew them again after the fork."""
+    emu.stop()
+    torch.manual_seed(5)
+    want = [torch.rand(3), torch.rand(3)]
+    emu.start()
+    torch.manual_seed(5)
+    with torch.random.fork_rng(devices=[0]):
+        torch.manual_seed(9)  # the forked stream, restored at the end
+        inside = torch.rand(3, device="cuda:1")
+        torch.rand(3, device="cuda:0")
+    after = torch.rand(3, device="cuda:1")
+    assert torch.equal(inside.cpu(), want[0]) and torch.equal(after.cpu(), want[1])
+    torch.manual_seed(5)
+    with torch.random.fork_rng(devices=[0, 1]):
+        torch.rand(3, device="cuda:1")
+    assert torch.equal(torch.rand(3, device="cuda:1").cpu(), want[0])
+
+
 def test_seeding_functions(emu):
     torch.cuda.manual_seed(7)
     assert torch.cuda.initial_seed() == 7
@@ -598,12 +618,15 @@ def test_graph_capture_costs_the_host_its_launches_and_runs_nothing_on_the_devic
 
     step()
     acc.zero_()
-    graph = torch.cuda.CUDAGraph()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with pytest.raises(RuntimeError, match="CUDA graphs must be captured on a non-default stream"):
+        graph.capture_begin()  # CUDAGraph.cpp's check
     torch.cuda.synchronize()
     host, events, ready = emu.clock.host_ns, len(emu.clock._events), emu.clock.device_ready(0)
-    graph.capture_begin()
-    out = step()
-    graph.capture_end()
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        out = step()
+        graph.capture_end()
     assert emu.clock.host_ns - host == 3 * costs.HOST_LAUNCH_NS
     assert [e for e in emu.clock._events[events:] if e.device != "host"] == []
     assert emu.clock.device_ready(0) == ready and out.ready_ns <= emu.clock.host_ns
@@ -613,6 +636,25 @@ def test_graph_capture_costs_the_host_its_launches_and_runs_nothing_on_the_devic
     assert sum(e.kind == "kernel" for e in emu.clock._events[events:]) == 3
     torch.testing.assert_close(acc.cpu(), torch.full((256, 256), 2.5))
     torch.testing.assert_close(out.cpu(), torch.full((256, 256), 2.5))
+
+
+def test_accelerator_graph_captures_on_the_current_stream_as_a_cuda_graph(emu):
+    """`torch.accelerator.Graph` (torch 2.13's device-generic graph) is a CUDA graph on a CUDA box: `with stream,
+    graph:` captures, each replay runs the work again; on the default stream it is refused, and
+    `torch.accelerator.get_device_capability` is refused by CUDA's device guard."""
+    x = torch.zeros(2000, device=0)
+    graph = torch.accelerator.Graph()
+    with torch.Stream(), graph:
+        x += 1
+    assert torch.count_nonzero(x.cpu()) == 0
+    graph.replay()
+    graph.replay()
+    assert torch.equal(x.cpu(), torch.full((2000,), 2.0))
+    with pytest.raises(RuntimeError, match="must be captured on a non-default stream"):
+        with torch.accelerator.Graph(pool=graph.pool()):
+            x += 1
+    with pytest.raises(RuntimeError, match="Backend doesn't support getting device capabilities"):
+        torch.accelerator.get_device_capability()
 
 
 def test_graph_replay_keeps_a_captured_branch_on_its_own_stream(emu):

@@ -585,8 +585,8 @@ def test_fused_attention_ops_called_directly_return_what_cuda_returns(emu):
     """`_flash_attention_forward` / `_efficient_attention_forward` (OpInfo calls them by name; the CPU has no kernel):
     their meta functions' outputs (layout, float32 log-sum-exp, padded to 32 with +inf for the memory-efficient one,
     seed and offset), values and gradients as the math path gives them with flash's lower-right causal mask and
-    the memory-efficient kernel's mask types, dropout's mask drawn again in backward from the returned seed; varlen
-    batches and a float32 flash call stop by name."""
+    the memory-efficient kernel's mask types, dropout's mask drawn again in backward from the returned seed; a
+    sliding window and a float32 flash call stop by name."""
     gen = torch.Generator().manual_seed(0)
     batch, heads, m, n, dim = 2, 4, 11, 32, 8
     q, k, v = (torch.randn(batch, s, heads, dim, generator=gen) for s in (m, n, n))
@@ -632,12 +632,39 @@ def test_fused_attention_ops_called_directly_return_what_cuda_returns(emu):
     torch.testing.assert_close(out.cpu().transpose(1, 2), expected.detach())
     for arg, reference in zip(args, (qf, kf, vf)):
         torch.testing.assert_close(arg.grad.cpu().transpose(1, 2), reference.grad)
-    with pytest.raises(RuntimeError, match="with variable_lengths is not modelled"):
-        torch.ops.aten._flash_attention_forward(q.half().cuda(), k.half().cuda(), v.half().cuda(),
-                                                torch.tensor([0, m]).cuda(), torch.tensor([0, n]).cuda(), m, n, 0.0,
-                                                False, False)
+    with pytest.raises(RuntimeError, match="with sliding_window is not modelled"):
+        torch.ops.aten._flash_attention_forward(q.half().cuda(), k.half().cuda(), v.half().cuda(), None, None, m, n,
+                                                0.0, False, False, window_size_left=4, window_size_right=0)
     with pytest.raises(RuntimeError, match="FlashAttention only support fp16 and bf16 data type"):
         torch.ops.aten._flash_attention_forward(q.cuda(), k.cuda(), v.cuda(), None, None, m, n, 0.0, False, False)
+
+
+def test_varlen_attention_attends_each_packed_sequence_as_flash_does(emu):
+    """`torch.nn.attention.varlen.varlen_attn` (flash's variable-length kernel over sequences packed along the first
+    dimension; its custom op's body calls `_flash_attention_forward` with their offsets) gives each sequence's own
+    attention, causal by the window (-1, 0), with gradients, as plain CPU torch's SDPA over each sequence gives them;
+    the log-sum-exp is (heads, total)."""
+    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+    torch.manual_seed(0)
+    bounds = [0, 3, 9, 11]
+    q, k, v = (torch.randn(11, 2, 8).bfloat16() for _ in range(3))
+
+    def per_sequence(q, k, v):
+        pieces = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True)
+                  for a, b in zip(bounds, bounds[1:])]
+        return torch.cat([p.transpose(0, 1) for p in pieces])
+
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    want = per_sequence(*leaves)
+    want.square().sum().backward()
+    gpu = [t.cuda().requires_grad_() for t in (q, k, v)]
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    out, lse = varlen_attn(*gpu, cu, cu, 6, 6, window_size=(-1, 0), return_aux=AuxRequest(lse=True))
+    out.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16 and lse.shape == (2, 11) and lse.dtype == torch.float32
+    torch.testing.assert_close(out.float().cpu(), want.detach(), atol=2e-2, rtol=2e-2)
+    for got, leaf in zip(gpu, leaves):
+        torch.testing.assert_close(got.grad.float().cpu(), leaf.grad, atol=5e-2, rtol=5e-2)
 
 
 def test_complex_kernels_that_conjugate_inside_agree_with_the_cpu(emu):
@@ -1601,6 +1628,31 @@ def test_lazy_modules_move_and_materialize_on_gpus_as_on_the_cpu(emu):
     assert isinstance(factory.weight, nn.Parameter) and any(p is factory.weight for p in factory.parameters())
     host = nn.LazyLinear(3).double()
     assert nn.parameter.is_lazy(host.weight) and host(torch.ones(2, 4, dtype=torch.float64)).shape == (2, 3)
+
+
+def test_to_empty_from_meta_unties_shared_weights_as_pytorch_does():
+    """`to_empty` of a meta-initialized model gives each module a new Parameter (meta and GPU tensors are not
+    shallow-copy compatible), so a tied embedding and head are two weights after it, as plain CPU torch's
+    `to_empty(device="cpu")` leaves them; the emulator's forced swap kept them one. A program that asks for swaps
+    itself keeps them tied in PyTorch too; a non-meta model moved to a GPU keeps its tie."""
+    def tied(device):
+        with torch.device("meta"):
+            net = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 7, bias=False), nn.Linear(7, 7))
+        net[1].weight = net[0].weight
+        net.to_empty(device=device)
+        return net[1].weight is net[0].weight, len(list(net.parameters())), {p.device for p in net.parameters()}
+
+    want = tied("cpu")
+    with course.emulate(gpus=1):
+        assert want[:2] == (False, 4) and tied("cuda")[:2] == want[:2] and tied("cuda")[2] == {torch.device("cuda", 0)}
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            assert tied("cuda")[:2] == (True, 3)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+        host = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 7, bias=False))
+        host[1].weight = host[0].weight
+        assert host.cuda()[1].weight is host[0].weight
 
 
 def test_models_converted_in_threads_at_once_leave_module_swapping_off():

@@ -1060,7 +1060,8 @@ def _float8(shape):
 
 def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
     """torch._scaled_mm: an A100 (sm_80) refuses it with CUDA's error, where the CPU kernel would compute it; an H100
-    computes what the CPU does, and refuses the shapes cuBLASLt cannot take."""
+    computes what the CPU does, and refuses the shapes and layouts cuBLASLt cannot take (a row-major first and a
+    column-major second operand only)."""
     torch.manual_seed(0)
     (a, sa), (b, sb) = _float8((32, 64)), _float8((48, 64))
     on_cpu = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
@@ -1074,11 +1075,11 @@ def test_scaled_mm_is_refused_before_ada_and_computed_after_as_on_gpus():
         (c, sc) = _float8((32, 24))
         with pytest.raises(RuntimeError, match=r"trailing dimension of mat1 to be divisible by 16"):
             torch._scaled_mm(c.cuda(), b.cuda()[:, :24].t(), scale_a=sc.cuda(), scale_b=sb.cuda())
-        row_major = b.t().contiguous()  # cublasCommonArgs's layouts (Blas.cpp): mat2 must be column-major
-        with pytest.raises(RuntimeError, match="Only multiplication of row-major and column-major matrices"):
-            torch._scaled_mm(a.cuda(), row_major.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda(), out_dtype=torch.float32)
-    torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes them
-    torch._scaled_mm(a, row_major, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+        for first, second in ((a, b.t().contiguous()), (a.t().contiguous().t(), b.t())):  # not row x column-major
+            with pytest.raises(RuntimeError, match="Only multiplication of row-major and column-major matrices"):
+                torch._scaled_mm(first.cuda(), second.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda())
+    torch._scaled_mm(c, b[:, :24].t(), scale_a=sc, scale_b=sb)  # the CPU takes it
+    torch._scaled_mm(a, b.t().contiguous(), scale_a=sa, scale_b=sb)
 
 
 def test_int_mm_takes_the_shapes_cublaslt_takes(emu):
@@ -1144,6 +1145,23 @@ def test_matmuls_with_out_dtype_run_cublas_kernels(emu):
         torch.backends.cuda.matmul.allow_fp16_accumulation = False
 
 
+def test_weight_int8pack_mm_takes_what_cudas_kernel_takes(emu):
+    """torch._weight_int8pack_mm on a GPU computes in float32 from contiguous copies and returns the activations'
+    dtype (int8mm.cu): a transposed bf16 or a float64 activation, which the CPU kernel refuses, gives the
+    dequantized product; a float weight is refused."""
+    torch.manual_seed(0)
+    x, w, scales = torch.randn(16, 8).t(), torch.randint(-128, 128, (5, 16), dtype=torch.int8), torch.rand(5)
+    with pytest.raises(RuntimeError, match="A must be contiguous"):
+        torch._weight_int8pack_mm(x.bfloat16(), w, scales)
+    for dtype in (torch.bfloat16, torch.float64):
+        got = torch._weight_int8pack_mm(x.to("cuda", dtype), w.cuda(), scales.cuda())
+        assert got.dtype == dtype and got.device.type == "cuda"
+        want = ((x.to(dtype).float().contiguous() @ w.float().t()) * scales).to(dtype)
+        torch.testing.assert_close(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="expected scalar type Char but found Float"):
+        torch._weight_int8pack_mm(x.cuda(), w.float().cuda(), scales.cuda())
+
+
 def test_cudnn_convolutions_compute_and_cost_as_the_convolutions_they_are(emu):
     """torch.cudnn_convolution(_transpose) (on CUDA autocast's lower-precision list, called directly by some programs)
     has no CPU kernel: on emulated GPUs it gives conv2d's values and gradients, autocasts to float16, and is timed as
@@ -1205,6 +1223,15 @@ def test_a_cuda_kernel_the_program_registers_is_the_one_a_gpu_runs(emu):
     before = len(emu.trace)
     assert shifted(x.to("cuda")).cpu().tolist() == [-5.0, -4.0, -3.0]
     assert any(e.device == "cuda:0" and e.kind == "kernel" for e in emu.trace[before:])
+
+    @torch.library.custom_op("course_test_kernels::halved", mutates_args=())
+    def halved(x: torch.Tensor) -> torch.Tensor:  # one body for every device: a GPU runs it on its CUDA tensors
+        return (x / 2).exp()
+
+    before = len(emu.trace)
+    torch.testing.assert_close(halved(x.to("cuda:1")).cpu(), halved(x))
+    assert [e.name for e in emu.trace[before:] if e.device == "cuda:1" and e.kind == "kernel"][-2:] == \
+        ["aten::div", "aten::exp"]
 
 
 def test_flex_attention_runs_eagerly_on_a_gpu_with_the_cpus_numbers():
@@ -1293,6 +1320,34 @@ def test_selective_checkpointing_sees_and_saves_the_fused_attention_op_a_gpu_run
     with FlopCounterMode(display=False) as matmuls:
         q @ k.transpose(-2, -1) @ v
     assert on_gpu.get_total_flops() == matmuls.get_total_flops() > 0
+
+
+def test_checkpoint_restores_the_rng_of_its_inputs_gpus_only(emu):
+    """A checkpointed region whose input is on cuda:0 and whose dropout runs on cuda:1 recomputes with a new mask on
+    a GPU box (checkpoint stashes its inputs' devices' states; torch.cuda._initialized says CUDA is in use): the
+    gradient is the one for the mask drawn next, here computed on plain CPU torch. With the dropout on cuda:0 the
+    recomputation is exact."""
+    from torch.utils.checkpoint import checkpoint
+
+    def region(x, device):
+        return nn.functional.dropout(x.to(device) * 2, 0.5)
+
+    def run(device, ckpt, manual=False):
+        torch.manual_seed(0)
+        x = torch.randn(6, 5, device=device and "cuda:0", requires_grad=True)
+        if manual:  # the forward's mask drawn and dropped, the next one used for the gradient
+            nn.functional.dropout(torch.ones(6, 5), 0.5)
+        y = checkpoint(region, x, device, use_reentrant=False) if ckpt else region(x, device)
+        y.backward(torch.arange(30.0, device=y.device).view(6, 5))
+        return y.detach().cpu(), x.grad.cpu(), torch.rand(2, device=y.device).cpu()
+
+    emu.stop()
+    plain, next_mask = run(None, False), run(None, False, manual=True)
+    emu.start()
+    same, crossing = run("cuda:0", True), run("cuda:1", True)
+    assert all(torch.equal(a, b) for a, b in zip(same, plain))
+    assert torch.equal(crossing[0], plain[0]) and torch.equal(crossing[1], next_mask[1])
+    assert torch.equal(crossing[2], next_mask[2]) and not torch.equal(crossing[1], plain[1])
 
 
 def test_dropout_runs_cudas_fused_kernel_keeping_a_bool_mask(emu):

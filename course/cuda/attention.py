@@ -158,7 +158,9 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     The fused CPU op needs as many key/value heads as query heads. With grouped-query attention and no mask,
     each query row attends to all keys of its key/value head independently, so the query heads of one group
     are folded into its sequence (what CUDA's flash kernel does by indexing, without copying keys or values).
-    Dropout (the CPU fused op has none), nested tensors and a math-only backend take PyTorch's path.
+    Dropout (the CPU fused op has none), nested tensors, a math-only backend and unequal head counts without
+    `enable_gqa` (no fused CUDA kernel takes them, and math broadcasts a single key/value head or stops, where the
+    CPU's fused op would quietly group the heads) take PyTorch's path.
     """
     on_gpu = _on_emulated_gpu(query, key, value)
     if on_gpu and not query.is_nested:  # stops where a GPU finds no kernel (math turned off)

@@ -600,6 +600,8 @@ NESTED_PATCHES = [(torch.nested, {name: _host_only_nested(getattr(torch.nested, 
 PATCHES = {
     "is_available": is_available,
     "is_initialized": is_initialized,
+    # what torch.utils.checkpoint reads to stash the GPUs' random states, as after CUDA's lazy init on a GPU box
+    "_initialized": True,
     "_is_in_bad_fork": sharing.in_bad_fork,
     "device_count": device_count,
     "current_device": current_device,
@@ -674,7 +676,14 @@ ACCELERATOR_PATCHES = {
         device_index),
     "reset_peak_memory_stats": lambda device_index=None, /: torch.cuda.reset_peak_memory_stats(device_index),
     "get_memory_info": lambda device_index=None, /: torch.cuda.mem_get_info(device_index),
+    "get_device_capability": lambda device=None, /: _no_device_capability(),
 }
+
+
+def _no_device_capability():
+    """`torch.accelerator.get_device_capability`: CUDA's device guard has no `getDeviceCapability`, so PyTorch's
+    default refuses (c10/core/impl/DeviceGuardImplInterface.h); only XPU and MPS answer it."""
+    raise RuntimeError("Backend doesn't support getting device capabilities.")
 
 
 def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:

@@ -8,6 +8,7 @@ statistics in float32 for half-precision inputs.
 from __future__ import annotations
 
 import torch
+import torch._prims_common
 
 from course.cuda import blas_out_dtype, fused_attention_ops, half_accumulation, half_fft, sparse_add, unpivoted_lu
 from course.cuda.devices import current_emulator
@@ -120,9 +121,7 @@ def scaled_mm(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dt
             raise RuntimeError(f"mat2 shape ({mat2.size(0)}x{mat2.size(1)}) must be divisible by 16")
         if mat1.dtype == mat2.dtype == torch.float8_e5m2:
             raise ValueError("Multiplication of two Float8_e5m2 matrices is not supported")
-        # cublasCommonArgs's layouts: mat1 row-major (transa 't') and mat2 column-major (transb 'n') only
-        if not (mat1.stride(1) == 1 and mat1.stride(0) >= max(1, mat1.size(1))
-                and mat2.stride(0) == 1 and mat2.stride(1) >= max(1, mat2.size(0))):
+        if _cublas_transposed(mat2) or not _cublas_transposed(mat1):
             raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
         _check_scaled_mm_output(mat1, mat2, scale_a, scale_b, bias, out_dtype or mat1.dtype)
     return aten._scaled_mm.default(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
@@ -149,6 +148,16 @@ def _check_scaled_mm_output(mat1, mat2, scale_a, scale_b, bias, out_dtype):
         raise ValueError("Only bf16 and fp16 high precision output types are supported for row-wise scaling.")
 
 
+def _cublas_transposed(matrix) -> bool:
+    """`prepare_matrix_for_cublas`'s transpose flag (aten/src/ATen/native/cuda/Blas.cpp): True for a row-major matrix
+    (or one copied to be); float8 GEMMs take only a row-major first and a column-major second operand (the "TN"
+    layout `cublasCommonArgs` asks cuBLASLt for when it computes the row-major result as its transpose)."""
+    if torch._prims_common.is_non_overlapping_and_dense_or_false(matrix):
+        return matrix.is_contiguous()
+    rows_stride, cols_stride = matrix.stride()
+    return not (rows_stride == 1 and cols_stride >= max(1, matrix.size(0)))
+
+
 def int_mm(mat1, mat2):
     """cuBLASLt's int8 GEMM takes fewer shapes than the CPU's: the checks of `_int_mm_out_cuda` (Blas.cpp)."""
     if mat1.dim() == 2 and mat2.dim() == 2:
@@ -159,6 +168,24 @@ def int_mm(mat1, mat2):
         if mat1.size(1) == mat2.size(0) and (mat2.size(1) <= 0 or mat2.size(1) % 8):
             raise RuntimeError(f"mat2.size(1) needs to be greater than 0 and a multiple of 8, but got {mat2.size(1)}")
     return aten._int_mm.default(mat1, mat2)
+
+
+def weight_int8pack_mm(x, weight, scales):
+    """CUDA's int8 weight-only GEMM (`_weight_int8pack_mm_cuda`, aten/src/ATen/native/cuda/int8mm.cu) makes float32
+    contiguous copies of its inputs, whatever their layout and float dtype, accumulates in float32 and returns the
+    activations' dtype; the CPU kernel refuses non-contiguous or float64 activations, a transposed weight and scales of
+    another dtype than the activations'."""
+    for tensor, name, dims in ((x, "x", 2), (weight, "w", 2), (scales, "scale", 1)):
+        if tensor.dim() != dims:
+            raise RuntimeError(f"{name} must be {dims}D")
+    if x.size(1) != weight.size(1):
+        raise RuntimeError("K dimension mismatch: x.size(1) != w.size(1)")
+    if weight.size(0) != scales.size(0):
+        raise RuntimeError("Output dim mismatch: w.size(0) != scale.size(0)")
+    if weight.dtype != torch.int8:
+        raise RuntimeError(f"expected scalar type Char but found {torch.empty(0, dtype=weight.dtype).type()[6:-6]}")
+    out = aten.mm(x.float().contiguous(), weight.float().t()) * scales.float()
+    return out.to(x.dtype)
 
 
 def cudnn_convolution(x, weight, padding, stride, dilation, groups, benchmark, deterministic, allow_tf32):
@@ -321,4 +348,5 @@ KERNELS = {
     aten._linalg_svd.default: linalg_svd,
     aten._scaled_mm.default: scaled_mm,
     aten._int_mm.default: int_mm,
+    aten._weight_int8pack_mm.default: weight_int8pack_mm,
 }

@@ -22,7 +22,8 @@ import torch.nn.parallel._functions
 import torch.nn.parallel.comm
 
 from course.cuda import (autocast, backward_hooks, build_info, checkpoints, collectives, cuda_api, cuda_key_factories,
-                         cuda_libraries, devices, environment, fsdp1, fsdp2, functorch_layers, graphs, interception,
+                         cuda_libraries, devices, environment, forked_rng, fsdp1, fsdp2, functorch_layers, graphs,
+                         interception,
                          join_work, kernels, legacy_types, materialized_grads, module_calls, nccl, nested_fastpath,
                          profiling, rank_rng, replica_rng, rpc, split_group, storages, subclasses, threaded_pg,
                          wall_clock)
@@ -186,6 +187,8 @@ class Emulator:
         for target, replacements in subclasses.PATCHES:  # x.as_subclass(MyTensor) of a GPU tensor
             self._patch(target, replacements)
         for target, replacements in backward_hooks.PATCHES + graphs.PATCHES + rpc.patches():  # callbacks, graphs, RPC
+            self._patch(target, replacements)
+        for target, replacements in forked_rng.PATCHES:  # the GPUs a fork_rng leaves out draw on
             self._patch(target, replacements)
         for target, replacements in materialized_grads.PATCHES:  # a custom Function's zero gradients on their GPU
             self._patch(target, replacements)

@@ -17,8 +17,10 @@ Dropout: the kernels draw their mask from Philox at the seed and offset they ret
 from those. Here the forward draws a seed from the emulated GPU's generator (the host's, as for every random op on
 the emulator, course/cuda/rng.py), returns it as the seed with offset 0, and both passes draw the mask from a
 generator seeded with it: the same mask forward and backward, values that differ from a GPU's as every draw does.
-Not modelled, and refused by name: variable-length batches (`cum_seq_*`, `cu_seqlens_*`), sliding windows, ALiBi,
-paged KV and the debug mask.
+Variable-length batches for flash (`cum_seq_*`: sequences packed along the first dimension, as
+`torch.nn.attention.varlen.varlen_attn` passes them) attend sequence by sequence. Not modelled, and refused by name:
+variable-length batches for the memory-efficient kernel (`cu_seqlens_*`) or with dropout, sliding windows, ALiBi,
+paged KV (`block_table`, `seqused_k`) and the debug mask.
 Differences from a GPU box: the memory-efficient kernel's seed and offset are CPU tensors there, GPU ones here.
 """
 from __future__ import annotations
@@ -165,16 +167,62 @@ def _seed_of(tensor) -> int:
     return int(tensor.reshape(-1)[0])
 
 
+def _flash_causal(is_causal, window_size_left, window_size_right) -> str | None:
+    """flash's mask: lower-right causal (`is_causal`, or the window (-1, 0) that torch.nn.attention.varlen passes for
+    it), or none (no window, or (-1, -1)); a sliding window is refused by name."""
+    window = (-1 if window_size_left is None else window_size_left, -1 if window_size_right is None else
+              window_size_right)
+    _refuse("flash attention", sliding_window=window not in ((-1, -1), (-1, 0)))
+    return "lower_right" if is_causal or window == (-1, 0) else None
+
+
+def _sequences(cum_seq_q, cum_seq_k):
+    """The (start, end) rows of each packed sequence's queries and keys, read on the host as the kernel's grid is."""
+    q_bounds, k_bounds = cum_seq_q.tolist(), cum_seq_k.tolist()
+    return list(zip(zip(q_bounds, q_bounds[1:]), zip(k_bounds, k_bounds[1:])))
+
+
+def _one(packed, bounds):
+    """One sequence's rows of a packed (total, H, D) tensor as (1, H, L, D)."""
+    return packed[bounds[0]:bounds[1]].transpose(0, 1).unsqueeze(0)
+
+
+def _varlen_forward(query, key, value, cum_seq_q, cum_seq_k, scale, causal):
+    """Packed sequences (total, H, D) with their offsets, as `mha_varlen_fwd` takes them: each attends to its own keys;
+    the output is packed as the queries, the log-sum-exp is (H, total_q)."""
+    outs, lses = [], []
+    for rows_q, rows_k in _sequences(cum_seq_q, cum_seq_k):
+        out, lse = _forward(_one(query, rows_q), _one(key, rows_k), _one(value, rows_k), scale, causal)
+        outs.append(out[0].transpose(0, 1))
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+def _varlen_backward(grad_out, query, key, value, out, lse, cum_seq_q, cum_seq_k, scale, causal):
+    grads = [[], [], []]
+    for rows_q, rows_k in _sequences(cum_seq_q, cum_seq_k):
+        pieces = _backward(_one(grad_out, rows_q), _one(query, rows_q), _one(key, rows_k), _one(value, rows_k),
+                           _one(out, rows_q), lse[:, rows_q[0]:rows_q[1]].unsqueeze(0), scale, causal)
+        for grad, piece in zip(grads, pieces):
+            grad.append(piece[0].transpose(0, 1))
+    return tuple(torch.cat(grad) for grad in grads)
+
+
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                             return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
                             seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
-    _refuse("_flash_attention_forward", variable_lengths=cum_seq_q is not None,
-            debug_mask=return_debug_mask, window=window_size_left is not None or window_size_right is not None,
-            seqused_k=seqused_k is not None, alibi=alibi_slopes is not None, paged_kv=block_table is not None)
+    _refuse("_flash_attention_forward", debug_mask=return_debug_mask, seqused_k=seqused_k is not None,
+            alibi=alibi_slopes is not None, paged_kv=block_table is not None,
+            variable_lengths_with_dropout=cum_seq_q is not None and dropout_p > 0)
     _check_flash(query, key, value)
+    causal = _flash_causal(is_causal, window_size_left, window_size_right)
+    if cum_seq_q is not None:
+        out, lse = _varlen_forward(query, key, value, cum_seq_q, cum_seq_k, scale, causal)
+        rng_state, unused = _flash_rng_state(0, query.device)
+        return out, lse, rng_state, unused, query.new_empty(0)
     q, k, v = _seqs_first(query, key, value)
     seed = _draw_seed(dropout_p)
-    out, lse = _forward(q, k, v, scale, "lower_right" if is_causal else None, None, dropout_p, seed)
+    out, lse = _forward(q, k, v, scale, causal, None, dropout_p, seed)
     rng_state, unused = _flash_rng_state(seed, query.device)
     return out.transpose(1, 2), lse, rng_state, unused, query.new_empty(0)
 
@@ -182,10 +230,11 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
 def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                              dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
                              window_size_right=None):
-    _refuse("_flash_attention_backward", window=window_size_left is not None or window_size_right is not None)
+    causal = _flash_causal(is_causal, window_size_left, window_size_right)
+    if cum_seq_q is not None:
+        return _varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, scale, causal)
     g, q, k, v, o = _seqs_first(grad_out, query, key, value, out)
-    dq, dk, dv, _ = _backward(g, q, k, v, o, logsumexp, scale, "lower_right" if is_causal else None, None, dropout_p,
-                              _seed_of(rng_state))
+    dq, dk, dv, _ = _backward(g, q, k, v, o, logsumexp, scale, causal, None, dropout_p, _seed_of(rng_state))
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 

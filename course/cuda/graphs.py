@@ -173,9 +173,12 @@ class CUDAGraph:
     def capture_begin(self, pool=None, capture_error_mode: str = "global", check_input_liveness: bool = False):
         if is_current_stream_capturing():
             raise RuntimeError("CUDA graph capture is already underway on this thread: captures cannot nest")
-        self._ops, self._side_lanes, self._captured = [], set(), False
         emu = devices.active
         self._origin = (emu.current_device(), emu.current_stream_id(emu.current_device()))
+        if self._origin[1] == 0:  # CUDAGraph::capture_begin (aten/src/ATen/cuda/CUDAGraph.cpp)
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, after capture, it's "
+                               "ok to replay them on the default stream.)")
+        self._ops, self._side_lanes, self._captured = [], set(), False
         self._mode = _Capture(self)
         self._mode.__enter__()
         _capturing.graph = self
@@ -252,6 +255,26 @@ class CUDAGraph:
         raise not_modelled("CUDAGraph.debug_dump (there is no cudaGraph_t to dump)")
 
 
+class AcceleratorGraph(CUDAGraph):
+    """`torch.accelerator.Graph`, the device-generic graph (torch/accelerator/graphs.py), which on CUDA is a CUDA graph:
+    its pool and capture mode are given when it is made, and `with stream, graph:` captures on the current stream."""
+
+    def __init__(self, keep_graph: bool = False, *, pool=None, capture_error_mode: str = "default"):
+        super().__init__(keep_graph)
+        self.graph_pool, self.capture_error_mode = pool, capture_error_mode
+
+    def capture_begin(self) -> None:
+        super().capture_begin(pool=self.graph_pool, capture_error_mode=self.capture_error_mode)
+
+    def __enter__(self) -> None:
+        torch.accelerator.synchronize()
+        torch.accelerator.empty_cache()
+        self.capture_begin()
+
+    def __exit__(self, *exc_info) -> None:
+        self.capture_end()
+
+
 def graph_pool_handle() -> tuple[int, int]:
     """A token to share one memory pool between captures; the emulator keeps no pools, so any token will do."""
     return (0, 0)
@@ -259,4 +282,5 @@ def graph_pool_handle() -> tuple[int, int]:
 
 # torch/cuda/graphs.py's own names, which make_graphed_callables and torch.cuda.graph look up in their module.
 PATCHES = [(torch.cuda.graphs, {"CUDAGraph": CUDAGraph, "graph_pool_handle": graph_pool_handle,
-                                "is_current_stream_capturing": is_current_stream_capturing})]
+                                "is_current_stream_capturing": is_current_stream_capturing}),
+           (torch.accelerator, {"Graph": AcceleratorGraph})]

@@ -14,8 +14,8 @@ import torch.utils._device
 from torch.nn._reduction import get_enum as _reduction_enum
 from torch.overrides import TorchFunctionMode
 
-from course.cuda import (aliasing_factories, attention, cudnn_rnn, device_asserts, functorch_layers, fused_dropout,
-                         graph_moves, half_fft, inner_factories, packed_sequences, storages, subclasses)
+from course.cuda import (aliasing_factories, attention, cudnn_rnn, device_asserts, forked_rng, functorch_layers,
+                         fused_dropout, graph_moves, half_fft, inner_factories, packed_sequences, storages, subclasses)
 from course.cuda.legacy_types import gpu_by_default, holds_gpu_tensors, on_host
 from course.cuda.devices import CPU, EmulatedTensor, KEEP_FRAMES, current_emulator, device_name, parse_device, wrap
 from course.cuda.tensor_attributes import instance_dict, set_instance_dict
@@ -104,7 +104,7 @@ def _create_on_device(func, device, args, kwargs):
         nbytes = nbytes_of(shape_only)
         block = emu.memory.allocate(index, nbytes)  # refuse before the CPU allocates anything
         inner = shape_only if not emu.materialize or not shape_only.is_meta else functorch_layers.peeled(
-            _on_host(func, args, kwargs, nbytes))[0]
+            _on_host(func, args, kwargs, nbytes, index))[0]
         if func in aliasing_factories.ALIASING and emu.materialize:
             inner = inner.clone()  # as_tensor/asarray alias host data; a GPU tensor owns its memory
     if func in _FROM_HOST_DATA or func in _SPARSE_FROM_PARTS:
@@ -132,10 +132,14 @@ def _sized(func, args, kwargs, materialize: bool, from_data: bool) -> torch.Tens
     return func(*args, **dict(kwargs, device="meta"))
 
 
-def _on_host(func, args, kwargs, nbytes: int) -> torch.Tensor:
-    """The values of a new GPU tensor, held in this computer's memory, which may be smaller than the GPU's."""
+def _on_host(func, args, kwargs, nbytes: int, index: int) -> torch.Tensor:
+    """The values of a new GPU tensor, held in this computer's memory, which may be smaller than the GPU's. A random
+    one is drawn from GPU `index`'s stream (course/cuda/forked_rng.py)."""
+    kwargs = dict(kwargs, device="cpu")
     try:
-        return func(*args, **dict(kwargs, device="cpu"))
+        if forked_rng.leaves_out(index):
+            return forked_rng.draw_outside(func, args, kwargs)
+        return func(*args, **kwargs)
     except RuntimeError as error:
         if "can't allocate memory" not in str(error):
             raise

@@ -13,10 +13,12 @@ import warnings
 
 import torch
 import torch.utils._pytree
+from torch._library import custom_ops
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from course.cuda import (blas_dtypes, cuda_only_ops, determinism, device_asserts, device_checks, foreach_devices,
-                         functorch_layers, graphs, host_only_ops, kernel_dtypes, out_devices, quantized, sync_debug)
+                         forked_rng, functorch_layers, graphs, host_only_ops, kernel_dtypes, out_devices, quantized,
+                         sync_debug)
 from course.cuda.devices import CPU, EmulatedTensor, device_mismatch, device_name, parse_device, sparse_parts, wrap
 from course.cuda.interception import ENGINE_ENTRY_POINTS, EmulatorMode, handle_torch_function
 from course.cuda.transfers import _raw_move, copy_into, device_of, moving_to_host, read_scalar
@@ -77,7 +79,7 @@ class _OpInfo:
 
     __slots__ = ("name", "no_kernel", "returns_view", "tensor_cores", "cudnn", "overwrites_first", "kernel",
                  "special", "sizes_from_data", "embedding", "restrides", "writes_in_place", "alert",
-                 "python_cuda_kernel", "gpu_check", "bumps_versions", "writes_unreturned", "asserts")
+                 "python_cuda_kernel", "gpu_check", "bumps_versions", "writes_unreturned", "asserts", "draws")
 
     def __init__(self, func):
         self.name = func._overloadpacket._qualified_op_name
@@ -123,6 +125,7 @@ class _OpInfo:
         # What its CUDA kernel says under torch.use_deterministic_algorithms(True) (course/cuda/determinism.py).
         self.alert = determinism.ALERTS.get(func._overloadpacket)
         self.asserts = device_asserts.asserts(func)  # checks indices on the GPU (course/cuda/device_asserts.py)
+        self.draws = torch.Tag.nondeterministic_seeded in func.tags  # from the GPU's generator (course/cuda/forked_rng.py)
         # What a GPU refuses that the CPU runs: a matrix product of integers, an op with no CUDA kernel at all, or
         # none for quantized tensors.
         blas_name = blas_dtypes.DISPATCH_NAMES.get(func._overloadpacket)
@@ -132,10 +135,12 @@ class _OpInfo:
             self.gpu_check = _both(device_checks.check_convolution_types, self.gpu_check)
         # A CUDA kernel registered from Python, by the program (torch.library.custom_op's register_kernel("cuda"),
         # Library.impl with "CUDA") or by PyTorch itself (FSDP2's fsdp:: copy-in ops, symm_mem): a GPU runs it rather
-        # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. The CUDA kernels a CPU build
-        # has in C++ (c10d's collectives, two aten/_native ops) are the emulator's to model.
-        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim") and \
-            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA")
+        # than the op's CPU kernel, so its body runs on the emulated tensors, op by op. So does a custom op's one
+        # body for every device (torch/nn/attention/varlen.py's torch_attn ops): on a GPU it runs on CUDA tensors and
+        # calls their CUDA kernels. The CUDA kernels a CPU build has in C++ (c10d's collectives, two aten/_native ops)
+        # are the emulator's to model.
+        self.python_cuda_kernel = func.namespace not in ("aten", "c10d", "_native", "prim", "prims") and (
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CUDA") or func.name() in custom_ops.OPDEFS)
 
 
 def _both(first, second):
@@ -463,7 +468,9 @@ def run_kernel(emu, func, args, kwargs):
     if info.gpu_check is not None and device is not None and device != CPU:
         info.gpu_check(un_args)
     try:
-        if any(t.is_complex() for t in tensors):
+        if info.draws and device not in (None, CPU) and forked_rng.leaves_out(device):
+            out = forked_rng.draw_outside(info.kernel, un_args, un_kwargs)
+        elif any(t.is_complex() for t in tensors):
             out = _with_view_bits(info.kernel, un_args, un_kwargs)
         else:
             out = info.kernel(*un_args, **un_kwargs) if un_kwargs else info.kernel(*un_args)

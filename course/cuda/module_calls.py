@@ -64,6 +64,12 @@ def module_apply(self, fn, recurse=True):
         if _holds_lazy(self):  # a swap would make its uninitialized parameters empty initialized ones, as in PyTorch
             torch.__future__.set_swap_module_params_on_conversion(False)
             return _rehooked(_MODULE_APPLY(self, fn, recurse=False))
+        if _holds_meta(self):
+            torch.__future__.set_swap_module_params_on_conversion(_flag_before)
+            try:
+                return _rehooked(_MODULE_APPLY(self, fn, recurse=False))
+            finally:
+                torch.__future__.set_swap_module_params_on_conversion(True)
         return _rehooked(_keeping_attributes(self, lambda: _MODULE_APPLY(self, fn, recurse=False)))
     except RuntimeError as error:
         if not str(error).startswith("_apply(): Couldn't swap"):
@@ -133,6 +139,15 @@ def _holds_lazy(module) -> bool:
     """Whether a lazy module's own parameters or buffers are still uninitialized (nn/modules/lazy.py)."""
     own = (*module._parameters.values(), *module._buffers.values())
     return any(torch.nn.parameter.is_lazy(t) for t in own)
+
+
+def _holds_meta(module) -> bool:
+    """Whether the module has a parameter on the meta device (`to_empty` after meta-device init). A meta tensor and a
+    GPU one are not shallow-copy compatible, so PyTorch gives each module a new Parameter rather than assigning
+    `.data` (`compute_should_use_set_data` in `nn.Module._apply`): a weight two modules shared (tied embeddings) is
+    no longer shared after `to_empty`, as on a GPU, where a swap would have kept it shared."""
+    return any(p is not None and p.is_meta and not isinstance(p, devices.EmulatedTensor)
+               for p in module._parameters.values())
 
 
 def _weakrefs_by_value(tensor) -> list:

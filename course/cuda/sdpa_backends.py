@@ -6,7 +6,9 @@ why each one refused and stops with "No available kernel. Aborting execution." T
 CPU kernels that take anything, so without this a program that stops on a GPU (float32 into flash attention, a mask
 into flash attention) ran here. The checks are those of `select_sdp_backend` in
 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp for dense 4-D inputs, with its warnings' words; cuDNN's layout
-and stride checks are left out, so cuDNN attention is taken a little more often than on a GPU, never less.
+and stride checks are left out, so cuDNN attention is taken a little more often than on a GPU, never less. Unequal
+head counts are grouped-query attention only with `enable_gqa=True`, which torch 2.13's flash and cuDNN kernels take
+and its memory-efficient kernel refuses (`check_batch_size_and_num_heads_dense` in sdp_utils_cpp.h).
 """
 from __future__ import annotations
 
@@ -168,19 +170,20 @@ def _dtypes_after_autocast(*tensors) -> tuple:
     return tuple(cast if t.is_floating_point() and t.dtype is not torch.float64 else t.dtype for t in tensors)
 
 
-def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal) -> str:
+def chosen(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=False) -> str:
     """The kernel a GPU picks for a dense call: "flash", "mem", "math" or "cudnn", the first enabled one that takes
     it in `priority_order`'s default order (flash, memory-efficient, math, cuDNN)."""
     backends = torch.backends.cuda
     dtypes = _dtypes_after_autocast(query, key, value)
     if backends.flash_sdp_enabled() and not _flash_refusal(cc, dtypes, query, key, value, attn_mask, dropout_p,
-                                                           is_causal):
+                                                           is_causal, enable_gqa):
         return "flash"
     if backends.mem_efficient_sdp_enabled() and not _mem_efficient_refusal(cc, dtypes, query, key, value, attn_mask):
         return "mem"
     if backends.math_sdp_enabled():
         return "math"
-    check(cc, query, key, value, attn_mask, dropout_p, is_causal)  # stops with the GPU's words unless cuDNN takes it
+    # stops with the GPU's words unless cuDNN takes it
+    check(cc, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     return "cudnn"
 
 

@@ -31,11 +31,14 @@ def _heads_first(*tensors):
 _FLOP_FORMULAS = {
     **flop_registry,
     # torch's formulas for the flash and memory-efficient kernels called directly read their (batch, seq, heads, dim)
-    # dense inputs as (batch, heads, seq, dim) (flop_counter.py, _unpack_flash_attention_nested_shapes); the emulator
-    # refuses their variable-length form (course/cuda/fused_attention_ops.py).
-    **{op: lambda q, k, v, *args, **kwargs: sdpa_flop_count(*_heads_first(q, k, v))
+    # dense inputs as (batch, heads, seq, dim) (flop_counter.py, _unpack_flash_attention_nested_shapes); their
+    # variable-length form (packed 3-D inputs, flash's only on the emulator: course/cuda/fused_attention_ops.py) they
+    # read right.
+    **{op: lambda q, k, v, *args, _op=op, **kwargs: flop_registry[_op](q, k, v, *args, **kwargs) if q.dim() == 3 else
+       sdpa_flop_count(*_heads_first(q, k, v))
        for op in (aten._flash_attention_forward, aten._efficient_attention_forward)},
-    **{op: lambda grad, q, k, v, *args, **kwargs: sdpa_backward_flop_count(*_heads_first(grad, q, k, v))
+    **{op: lambda grad, q, k, v, *args, _op=op, **kwargs: flop_registry[_op](grad, q, k, v, *args, **kwargs)
+       if q.dim() == 3 else sdpa_backward_flop_count(*_heads_first(grad, q, k, v))
        for op in (aten._flash_attention_backward, aten._efficient_attention_backward)},
     aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention],
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
