@@ -366,15 +366,18 @@ class EmulatedNCCL(dist.ProcessGroup):
         self._check_device_types(tensors)
         nccl_checks.check_tensors(tensors)
         device, stream = self._lane(tensors)
-        start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME)
+        on_gpu = not tensors or any(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in tensors)
+        stamp = torch.tensor([self._ready_ns(tensors, device, stream),
+                              self._emu.visible_devices()[device] if on_gpu else -1], dtype=_TIME)
         _needs_values(name, tensors)
+        stamps = [torch.empty(2, dtype=_TIME) for _ in range(self.size())]
+        self._gloo.allgather([stamps], [stamp]).wait()  # when each rank is ready, and on which GPU
+        nccl_checks.check_distinct_gpus([int(s[1]) for s in stamps], self.rank())
         call().wait()
         if finish is not None:
             finish()
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
-        self._gloo.allreduce([start], opts).wait()
-        end = self._charge(name, tensors, _flat(outputs), cost(nbytes), int(start), nbytes)
+        start = max(int(s[0]) for s in stamps)
+        end = self._charge(name, tensors, _flat(outputs), cost(nbytes), start, nbytes)
         return _Done(self, end, outputs if isinstance(outputs, list) else [outputs])
 
     def _reduction(self, opts, tensors):
