@@ -41,8 +41,9 @@ def check_tensors(tensors, p2p: bool = False) -> None:
 def check_distinct_gpus(gpus: list[int], rank: int) -> None:
     """NCCL's communicator setup (init.cc) refuses two ranks of one communicator on the same GPU: a program whose
     ranks never call set_device puts an object collective's tensors on cuda:0 in every rank. `gpus` holds each
-    group rank's physical GPU (-1: no GPU tensor in this call, no NCCL communicator). Every rank raises here, the
-    offending ones naming themselves as NCCL does, so none is left waiting."""
+    group rank's physical GPU (-1: no GPU tensor in this call, no NCCL communicator). In a collective every rank
+    raises here, the offending ones naming themselves as NCCL does, so none is left waiting; of a send and its
+    receive, the receiver (which alone learns both GPUs)."""
     first = {}
     pairs = []
     for r, gpu in enumerate(gpus):
