@@ -72,6 +72,27 @@ def test_peaks_and_accumulated_stats_reset(emu):
     stats = torch.cuda.memory_stats(0)
     assert stats["allocated_bytes.all.allocated"] == stats["allocated_bytes.all.freed"] == 0
 
+def test_torch_accelerator_memory_functions_answer_for_the_gpus_under_both_names(emu):
+    """Device-agnostic scripts call torch.accelerator's memory API, some through torch.accelerator.memory, where
+    the functions live: both names read the emulated GPU's counts (unpatched, the latter asked a CPU build's
+    accelerator bindings and raised "Cannot access accelerator device when none is available")."""
+    before = torch.cuda.memory_allocated(2)
+    x = torch.empty(2**19, device="cuda:2")
+    for api in (torch.accelerator, torch.accelerator.memory):
+        assert api.memory_allocated(2) - before == 2**21 == x.nbytes
+        assert api.max_memory_allocated(2) >= api.memory_allocated(2) == api.memory_stats(2)[
+            "allocated_bytes.all.current"]
+        assert api.get_memory_info(2) == torch.cuda.mem_get_info(2)
+
+
+def test_torch_accelerator_device_capability_stops_as_cudas_device_guard_does(emu):
+    """torch 2.13's CUDA device guard does not override getDeviceCapability (c10/cuda/impl/CUDAGuardImpl.h), so a
+    GPU box raises c10's default error, not the CPU build's "Cannot access accelerator device"."""
+    with pytest.raises(RuntimeError, match="^Backend doesn't support getting device capabilities.$"):
+        torch.accelerator.get_device_capability()
+    assert torch.accelerator.current_accelerator() == torch.device("cuda")
+
+
 
 def test_memory_fraction_limits_allocations_and_counts_the_oom(emu):
     capacity = torch.cuda.get_device_properties(3).total_memory

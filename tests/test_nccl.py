@@ -543,6 +543,38 @@ def test_host_tensors_need_a_cpu_backend_in_the_group(backend):
             assert result["all_reduce"] == [3.0, 3.0] and result["broadcast"] == [1.0, 1.0]
 
 
+def _objects_before_and_after_set_device(rank, world_size):
+    """all_gather_object's tensors go to torch.cuda.current_device(): cuda:0 in every rank until set_device."""
+    got = [None] * world_size
+    with pytest.raises(dist.DistBackendError, match=f"Duplicate GPU detected : rank {rank} and rank {1 - rank} "
+                                                    "both on CUDA device 0"):
+        dist.all_gather_object(got, {"rank": rank})
+    message = torch.full((2,), float(rank), device="cuda")
+    if rank == 0:
+        dist.send(message, dst=1)
+    else:  # the receiver learns both GPUs
+        with pytest.raises(dist.DistBackendError, match="Duplicate GPU detected : rank 1 and rank 0"):
+            dist.recv(message, src=0)
+    torch.cuda.set_device(rank)
+    dist.all_gather_object(got, {"rank": rank})
+    host = [None] * world_size
+    dist.all_gather_object(host, {"rank": rank}, group=dist.new_group(backend="gloo"))
+    message = torch.full((2,), float(rank), device="cuda")
+    dist.send(message, dst=1) if rank == 0 else dist.recv(message, src=0)
+    return got, host, message.cpu()
+
+
+def test_two_ranks_on_one_gpu_are_refused_as_nccl_refuses_them():
+    """NCCL will not build a communicator with two ranks on one GPU ("Duplicate GPU detected", the error of a script
+    that forgets set_device), nor a send between two ranks on one GPU; the emulator ran them. With set_device the
+    objects are gloo's."""
+    with course.emulate(gpus=2):
+        results = course.run_threads(_objects_before_and_after_set_device, 2, backend="nccl")
+    for got, host, message in results:
+        assert got == host == [{"rank": 0}, {"rank": 1}]
+        assert torch.equal(message, torch.zeros(2))  # rank 0's values, received by rank 1
+
+
 def _split_rank(rank, world_size, store):
     """split_group refuses without a device bound to the default group, as torch does; with device_id it splits."""
     with pytest.raises(RuntimeError, match="No device associated with the default pg"):

@@ -652,6 +652,29 @@ TORCH_PATCHES = {  # the device-generic classes torch.nn.parallel and others cal
     "compile": compile,
 }
 
+# torch.accelerator's memory API asks torch._C's accelerator bindings; torch.cuda's answers for the GPUs. Its functions
+# live in torch.accelerator.memory and are re-exported by torch.accelerator: both names are patched.
+ACCELERATOR_MEMORY_PATCHES = {
+    "empty_cache": lambda: torch.cuda.empty_cache(),
+    "empty_host_cache": lambda: None,
+    "memory_stats": lambda device_index=None, /: torch.cuda.memory_stats(device_index),
+    "memory_allocated": lambda device_index=None, /: torch.cuda.memory_allocated(device_index),
+    "max_memory_allocated": lambda device_index=None, /: torch.cuda.max_memory_allocated(device_index),
+    "memory_reserved": lambda device_index=None, /: torch.cuda.memory_reserved(device_index),
+    "max_memory_reserved": lambda device_index=None, /: torch.cuda.max_memory_reserved(device_index),
+    "reset_accumulated_memory_stats": lambda device_index=None, /: torch.cuda.reset_accumulated_memory_stats(
+        device_index),
+    "reset_peak_memory_stats": lambda device_index=None, /: torch.cuda.reset_peak_memory_stats(device_index),
+    "get_memory_info": lambda device_index=None, /: torch.cuda.mem_get_info(device_index),
+}
+
+
+def _device_capability(device=None, /):
+    """torch 2.13's CUDA device guard answers no capability query (only XPU's and the meta device's do), so
+    `torch.accelerator.get_device_capability()` stops on a GPU box with c10's words."""
+    raise RuntimeError("Backend doesn't support getting device capabilities.")
+
+
 ACCELERATOR_PATCHES = {
     "is_available": is_available,
     "device_count": device_count,
@@ -664,26 +687,9 @@ ACCELERATOR_PATCHES = {
     "set_stream": set_stream,
     "current_device_idx": current_device,
     "set_device_idx": set_device,
-    # torch.accelerator's memory API asks torch._C's accelerator bindings; torch.cuda's answers for the GPUs
-    "empty_cache": lambda: torch.cuda.empty_cache(),
-    "empty_host_cache": lambda: None,
-    "memory_stats": lambda device_index=None, /: torch.cuda.memory_stats(device_index),
-    "memory_allocated": lambda device_index=None, /: torch.cuda.memory_allocated(device_index),
-    "max_memory_allocated": lambda device_index=None, /: torch.cuda.max_memory_allocated(device_index),
-    "memory_reserved": lambda device_index=None, /: torch.cuda.memory_reserved(device_index),
-    "max_memory_reserved": lambda device_index=None, /: torch.cuda.max_memory_reserved(device_index),
-    "reset_accumulated_memory_stats": lambda device_index=None, /: torch.cuda.reset_accumulated_memory_stats(
-        device_index),
-    "reset_peak_memory_stats": lambda device_index=None, /: torch.cuda.reset_peak_memory_stats(device_index),
-    "get_memory_info": lambda device_index=None, /: torch.cuda.mem_get_info(device_index),
-    "get_device_capability": lambda device=None, /: _no_device_capability(),
+    "get_device_capability": _device_capability,
+    **ACCELERATOR_MEMORY_PATCHES,
 }
-
-
-def _no_device_capability():
-    """`torch.accelerator.get_device_capability`: CUDA's device guard has no `getDeviceCapability`, so PyTorch's
-    default refuses (c10/core/impl/DeviceGuardImplInterface.h); only XPU and MPS answer it."""
-    raise RuntimeError("Backend doesn't support getting device capabilities.")
 
 
 def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
@@ -709,10 +715,11 @@ DEVICE_BINDINGS = {
 
 def module_patches(num_gpus: int) -> list[tuple[object, dict]]:
     """Patches beyond torch.cuda's namespace: torch._C's CUDA bindings, torch.cuda.memory's and
-    torch.cuda.random's own imports, torch.Generator, torch.export, DLPack export, fake tensors of GPU tensors and the
-    fake dispatch cache (fake_cache.py), torch.nested's constructors and jagged tensors' wrapper, TorchScript's save
-    and load."""
-    return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info})]
+    torch.cuda.random's own imports, torch.accelerator.memory's functions, torch.Generator, torch.export, DLPack
+    export, fake tensors of GPU tensors and the fake dispatch cache (fake_cache.py), torch.nested's constructors and
+    jagged tensors' wrapper, TorchScript's save and load."""
+    return (cuda_bindings.PATCHES + [(torch._C, DEVICE_BINDINGS), (torch.cuda.memory, {"mem_get_info": mem_get_info}),
+                                    (torch.accelerator.memory, ACCELERATOR_MEMORY_PATCHES)]
             + rng.patches(num_gpus) + [(torch.export, {"export": exporting.export})] + DLPACK_PATCHES
             + [(torch._subclasses.fake_tensor.FakeTensorConverter, {"from_real_tensor": _fake_of})] + fake_cache.PATCHES
             + NESTED_PATCHES

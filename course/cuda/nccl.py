@@ -162,7 +162,7 @@ class _Recv(_Done):
     def __init__(self, group, tensors, src: int, tag: int):
         super().__init__(group, 0, list(tensors))
         self._tensors, self._src = tensors, src
-        self._sender_ready = torch.zeros(1, dtype=_TIME, device="cpu")
+        self._sender_ready = torch.zeros(2, dtype=_TIME, device="cpu")  # when the sender was ready, and its GPU
         self._buffers = [t.contiguous() for t in _unwrap(tensors)]  # NCCL receives into any layout, gloo does not
         self._pending = [group._gloo.recv(self._buffers, src, tag),
                          group._gloo.recv([self._sender_ready], src, tag)]
@@ -173,10 +173,14 @@ class _Recv(_Done):
             for work in self._pending:
                 work.wait()
             self._pending.clear()
+            gpus = [-1] * self._group.size()
+            gpus[self._src] = int(self._sender_ready[1])
+            gpus[self._group.rank()] = self._group._physical_gpu(self._tensors)
+            nccl_checks.check_distinct_gpus(gpus, self._group.rank())  # NCCL's pair communicator, as below
             for tensor, buffer in zip(_unwrap(self._tensors), self._buffers):
                 if buffer is not tensor:
                     tensor.copy_(buffer)
-            self._end_ns = self._group._finish_recv(self._tensors, self._src, int(self._sender_ready))
+            self._end_ns = self._group._finish_recv(self._tensors, self._src, int(self._sender_ready[0]))
             self._done = True
         self._group._current_stream_waits(self._end_ns)
         return True
@@ -310,6 +314,12 @@ class EmulatedNCCL(dist.ProcessGroup):
             self._streams[self._device] = self._emu.new_stream_id(self._device)
         return self._device, self._streams[self._device]
 
+    def _physical_gpu(self, tensors) -> int:
+        """The machine's index of the GPU NCCL would run this call on (-1 for host tensors only: no communicator)."""
+        if tensors and not any(isinstance(t, EmulatedTensor) and t._device_index != CPU for t in tensors):
+            return -1
+        return self._emu.visible_devices()[self._lane(tensors)[0]]
+
     def _ready_ns(self, tensors, device: int, stream: int) -> int:
         """When this rank could start: its host has launched, its inputs and both streams are ready."""
         clock = self._emu.clock
@@ -366,15 +376,17 @@ class EmulatedNCCL(dist.ProcessGroup):
         self._check_device_types(tensors)
         nccl_checks.check_tensors(tensors)
         device, stream = self._lane(tensors)
-        start = torch.tensor([self._ready_ns(tensors, device, stream)], dtype=_TIME, device="cpu")
+        stamp = torch.tensor([self._ready_ns(tensors, device, stream), self._physical_gpu(tensors)], dtype=_TIME,
+                             device="cpu")
         _needs_values(name, tensors)
+        stamps = [torch.empty(2, dtype=_TIME, device="cpu") for _ in range(self.size())]
+        self._gloo.allgather([stamps], [stamp]).wait()  # when each rank is ready, and on which GPU
+        nccl_checks.check_distinct_gpus([int(s[1]) for s in stamps], self.rank())
         call().wait()
         if finish is not None:
             finish()
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
-        self._gloo.allreduce([start], opts).wait()
-        end = self._charge(name, tensors, _flat(outputs), cost(nbytes), int(start), nbytes)
+        start = max(int(s[0]) for s in stamps)
+        end = self._charge(name, tensors, _flat(outputs), cost(nbytes), start, nbytes)
         return _Done(self, end, outputs if isinstance(outputs, list) else [outputs])
 
     def _reduction(self, opts, tensors):
@@ -584,7 +596,7 @@ class EmulatedNCCL(dist.ProcessGroup):
         nccl_checks.check_tensors(tensors, p2p=True)
         device, stream = self._lane(tensors)
         ready = self._ready_ns(tensors, device, stream)
-        clock_msg = torch.tensor([ready], dtype=_TIME, device="cpu")
+        clock_msg = torch.tensor([ready, self._physical_gpu(tensors)], dtype=_TIME, device="cpu")
         works = [self._gloo.send([t.contiguous() for t in _unwrap(tensors)], dst, tag),
                  self._gloo.send([clock_msg], dst, tag)]
         nbytes = _nbytes(tensors)

@@ -38,6 +38,32 @@ def check_tensors(tensors, p2p: bool = False) -> None:
             raise TypeError(f"Input tensor data type is not supported for NCCL process group: {tensor.dtype}")
 
 
+def check_distinct_gpus(gpus: list[int], rank: int) -> None:
+    """NCCL's communicator setup (init.cc) refuses two ranks of one communicator on the same GPU: a program whose
+    ranks never call set_device puts an object collective's tensors on cuda:0 in every rank. `gpus` holds each
+    group rank's physical GPU (-1: no GPU tensor in this call, no NCCL communicator). In a collective every rank
+    raises here, the offending ones naming themselves as NCCL does, so none is left waiting; of a send and its
+    receive, the receiver (which alone learns both GPUs)."""
+    first = {}
+    pairs = []
+    for r, gpu in enumerate(gpus):
+        if gpu >= 0:
+            if gpu in first:
+                pairs.append((r, first[gpu], gpu))
+            first.setdefault(gpu, r)
+    if not pairs:
+        return
+    own = [(r, other, gpu) for r, other, gpu in pairs if rank in (r, other)]
+    r, other, gpu = own[0] if own else pairs[0]
+    if rank == other:
+        r, other = other, r
+    raise dist.DistBackendError(
+        "NCCL error in: ProcessGroupNCCL.cpp, invalid usage (run with NCCL_DEBUG=WARN for details)\n"
+        "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+        f"Duplicate GPU detected : rank {r} and rank {other} both on CUDA device {gpu} "
+        "(call torch.cuda.set_device(local_rank) in each rank, or init_process_group(device_id=...))")
+
+
 def check_gathered(output, input, world_size: int) -> None:
     """ProcessGroupNCCL::_allgather_base's checks on all_gather_into_tensor (gloo's own refusal names gloo)."""
     if input.dtype != output.dtype:

@@ -14,6 +14,10 @@ def setup(rank, world_size):
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = "12361"
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        # all_gather_object below puts its tensors on the current device: cuda:0 in every rank without this,
+        # which NCCL refuses ("Duplicate GPU detected") or, after DDP's collectives on cuda:rank, hangs on
+        torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
