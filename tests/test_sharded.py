@@ -2,6 +2,7 @@
 course/cuda/nccl.py, course/cuda/functional_collectives.py, course/cuda/fsdp2.py and course/cuda/backward_hooks.py."""
 import glob
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -356,8 +357,13 @@ def test_dtensors_on_emulated_gpus_report_their_gpu_and_optimizers_take_the_fore
 def _os_threads() -> int:
     """This process's threads but those of torch's own c10 thread pools ("pt_thread_pool"), which start workers
     lazily when an earlier test first gives them work: a run's gloo threads are what must not stay behind."""
-    names = (Path(task, "comm").read_text().strip() for task in glob.glob("/proc/self/task/*"))
-    return sum(name != "pt_thread_pool" for name in names)
+    count = 0
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            count += Path(task, "comm").read_text().strip() != "pt_thread_pool"
+        except FileNotFoundError:  # it ended after the listing
+            pass
+    return count
 
 
 def test_run_threads_leaves_no_process_group_threads_behind():
@@ -370,6 +376,9 @@ def test_run_threads_leaves_no_process_group_threads_behind():
         before = _os_threads()
         for _ in range(3):
             course.run_threads(_fsdp_rank, 2, backend="nccl")
+        deadline = time.monotonic() + 10  # a freed group's threads end on their own, soon after
+        while _os_threads() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert _os_threads() <= before
 
 
