@@ -94,8 +94,6 @@ def _convolution_kernel(args) -> str:
     return "slow_conv_dilated<>" if three_d or any(d != 1 for d in dilation) else "slow_conv2d_cuda"
 
 
-
-
 def _layer_norm_dtypes(args) -> None:
     """`native_layer_norm(input, normalized_shape, weight, bias, eps)`: CUDA's LayerNormKernelImplInternal reads the
     weight and bias as the input's type (`gamma.const_data_ptr<T>()`, layer_norm_kernel.cu), so a float LayerNorm
@@ -104,8 +102,8 @@ def _layer_norm_dtypes(args) -> None:
     x = args[0]
     for parameter in args[2:4]:
         if isinstance(parameter, torch.Tensor) and parameter.dtype != x.dtype and x.numel():
-            raise RuntimeError(f"expected scalar type {C10_NAMES[x.dtype]} but found "
-                               f"{C10_NAMES[parameter.dtype]}")
+            raise RuntimeError(f"expected scalar type {c10_name(x.dtype)} but found "
+                               f"{c10_name(parameter.dtype)}")
 
 
 def _takes_cudnn_batch_norm(x, weight, bias, running_mean, running_var, training) -> bool:
@@ -127,8 +125,8 @@ def _same_types(*arguments) -> None:
         if t.dtype != first.dtype:
             raise RuntimeError(
                 f"Expected tensor for argument #{first_pos} '{first_name}' to have the same type as tensor for "
-                f"argument #{pos} '{name}'; but type torch.cuda.{C10_NAMES[first.dtype]}Tensor does not equal "
-                f"torch.cuda.{C10_NAMES[t.dtype]}Tensor (while checking arguments for cudnn_batch_norm)")
+                f"argument #{pos} '{name}'; but type torch.cuda.{c10_name(first.dtype)}Tensor does not equal "
+                f"torch.cuda.{c10_name(t.dtype)}Tensor (while checking arguments for cudnn_batch_norm)")
 
 
 def _batch_norm_dtypes(args) -> None:
@@ -154,8 +152,8 @@ def _batch_norm_dtypes(args) -> None:
         return  # the General path's TensorIterator
     for name, t in parameters:
         if t.dtype != acc:
-            raise RuntimeError(f"expected scalar type {C10_NAMES[acc]} but found {C10_NAMES[t.dtype]}" if channels_last
-                               else f"Expected {name} to have type {C10_NAMES[acc]} but got {C10_NAMES[t.dtype]}")
+            raise RuntimeError(f"expected scalar type {c10_name(acc)} but found {c10_name(t.dtype)}" if channels_last
+                               else f"Expected {name} to have type {c10_name(acc)} but got {c10_name(t.dtype)}")
 
 
 def _group_norm_dtypes(args) -> None:
@@ -165,7 +163,7 @@ def _group_norm_dtypes(args) -> None:
     kernel has a mixed-type path. Other mixes stop in the shared check, with the CPU's words on both."""
     x, parameters, batch = args[0], [t for t in args[1:3] if isinstance(t, torch.Tensor)], args[3]
     if x.dtype in _HALVES and parameters and all(t.dtype == torch.float32 for t in parameters) and batch:
-        raise RuntimeError(f"expected scalar type {C10_NAMES[x.dtype]} but found Float")
+        raise RuntimeError(f"expected scalar type {c10_name(x.dtype)} but found Float")
 
 
 def refusal(func):
